@@ -1,0 +1,1 @@
+"""Code shared by the controller, the kubelet plugin and the tooling."""

@@ -1,0 +1,1 @@
+"""Test and simulation support shipped as a library (fake API server, fixtures)."""

@@ -1,0 +1,1 @@
+"""A fake kube-apiserver on aiohttp, faithful where our code depends on it."""

@@ -1,0 +1,1 @@
+"""The cluster-level controller: UltraServer discovery and workload allocation."""

@@ -1,0 +1,1 @@
+"""The per-node kubelet DRA plugin."""

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for the kubelet APIs (see hack/gen-proto)."""
