@@ -1,0 +1,77 @@
+"""``neuron-dra``: the project's command-line tool.
+
+Sub-commands are registered here and implemented in their own modules, which
+are imported only when their command runs (start-up stays fast and a missing
+optional piece cannot break the other commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from neuron_dra.common.logsetup import add_logging_flags, setup_logging
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="neuron-dra",
+        description="AWS Neuron DRA driver tooling: simulated cluster, fake API server.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = sub.add_parser(
+        "sim",
+        help="run the embedded default: a simulated cluster and the seed walkthrough",
+        description="Start a fake Kubernetes API server with the Neuron CRDs, walk through "
+        "the UltraServer workload example and show the result.",
+    )
+    sim.add_argument(
+        "--keep-running", action="store_true",
+        help="leave the cluster up afterwards and print a kubeconfig for kubectl",
+    )
+    sim.add_argument("--port", type=int, default=0, help="API server port (default: any free)")
+    add_logging_flags(sim)
+
+    fake = sub.add_parser(
+        "fake-apiserver",
+        help="serve the fake Kubernetes API server until interrupted",
+        description="Serve the project's fake kube-apiserver (with the Neuron CRDs) on "
+        "127.0.0.1 and write a kubeconfig for kubectl and the components.",
+    )
+    fake.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free)")
+    fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    fake.add_argument(
+        "--kubeconfig-out", metavar="FILE",
+        help="write a kubeconfig pointing at the server to FILE",
+    )
+    fake.add_argument(
+        "--crds", metavar="DIR", action="append",
+        help="directory of CustomResourceDefinition YAML files to serve "
+        "(default: the Neuron CRDs); may be repeated",
+    )
+    add_logging_flags(fake)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbosity, args.logging_format)
+    try:
+        if args.command == "fake-apiserver":
+            from neuron_dra.common.commands.fake_apiserver import run_fake_apiserver
+
+            return asyncio.run(run_fake_apiserver(args))
+        if args.command == "sim":
+            from neuron_dra.common.commands.sim import run_sim
+
+            return asyncio.run(run_sim(args))
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

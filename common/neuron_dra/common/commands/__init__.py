@@ -1,0 +1,1 @@
+"""Implementations of the ``neuron-dra`` sub-commands."""

@@ -1,0 +1,250 @@
+"""API-server behaviour our code depends on, checked against the fake AND a real server.
+
+Each test runs against ``neuron-dra``'s fake API server and, when
+``KUBEBUILDER_ASSETS`` holds etcd and kube-apiserver binaries, against a real
+kube-apiserver too: a difference between the two is a fidelity bug in the fake.
+Everything goes through the real kubernetes_asyncio client over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from neuron_dra.common.paths import chart_crd_dir
+from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.common.testing.realcluster import RealAPIServer, assets_dir
+
+T = 10  # per-call timeout, seconds
+GROUP, VERSION, NUSW = "neuron.aws.com", "v1beta1", "neuronultraserverworkloads"
+
+
+def seed_workload(name: str = "my-training-job") -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "NeuronUltraServerWorkload",
+        "metadata": {"name": name},
+        "spec": {
+            "instanceType": "<trn3pds instance type>",
+            "topologySize": 4,
+            "serverCount": 2,
+            "allocationPolicy": {"failureStrategy": "NoOp"},
+            "resourceClaimTemplate": {"name": "my-training-job-rct"},
+        },
+    }
+
+
+def slice_for(node: str, **spec_extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "driver": "neuron.aws.com",
+        "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "neurondevice0", "attributes": {"deviceId": {"int": 0}}}],
+    }
+    spec.update(spec_extra)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-neuron.aws.com", "labels": {"node": node}},
+        "spec": spec,
+    }
+
+
+@pytest.fixture(params=["fake", "real"])
+async def api(request: pytest.FixtureRequest) -> AsyncIterator[k8s.ApiClient]:
+    if request.param == "fake":
+        server: FakeAPIServer | RealAPIServer = FakeAPIServer()
+    else:
+        assets = assets_dir()
+        if assets is None:
+            pytest.skip("real-cluster tier: set KUBEBUILDER_ASSETS to a dir with etcd and kube-apiserver")
+        server = RealAPIServer(assets, sorted(chart_crd_dir().glob("*.yaml")))
+    async with server, k8s.ApiClient(server.client_configuration()) as client:
+        yield client
+
+
+def _body(exc: ApiException) -> dict[str, Any]:
+    return dict(json.loads(exc.body))
+
+
+async def test_seed_workload_applies_with_defaults(api: k8s.ApiClient) -> None:
+    objs = k8s.CustomObjectsApi(api)
+    wl = seed_workload()
+    del wl["spec"]["allocationPolicy"]
+    created = await objs.create_namespaced_custom_object(
+        GROUP, VERSION, "default", NUSW, wl, _request_timeout=T
+    )
+    assert created["spec"]["allocationPolicy"]["failureStrategy"] == "NoOp"
+    assert created["metadata"]["generation"] == 1
+    assert created["metadata"]["uid"]
+    assert int(created["metadata"]["resourceVersion"]) > 0
+
+
+async def test_topology_size_three_rejected_naming_the_field(api: k8s.ApiClient) -> None:
+    wl = seed_workload("bad")
+    wl["spec"]["topologySize"] = 3
+    with pytest.raises(ApiException) as err:
+        await k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+            GROUP, VERSION, "default", NUSW, wl, _request_timeout=T
+        )
+    assert err.value.status == 422
+    body = _body(err.value)
+    assert body["reason"] == "Invalid"
+    assert "spec.topologySize" in body["message"]
+    assert any(c.get("field") == "spec.topologySize" for c in body["details"]["causes"])
+
+
+async def test_immutable_spec_field(api: k8s.ApiClient) -> None:
+    objs = k8s.CustomObjectsApi(api)
+    await objs.create_namespaced_custom_object(
+        GROUP, VERSION, "default", NUSW, seed_workload(), _request_timeout=T
+    )
+    with pytest.raises(ApiException) as err:
+        await objs.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", NUSW, "my-training-job", {"spec": {"topologySize": 2}},
+            _content_type="application/merge-patch+json", _request_timeout=T,
+        )
+    assert err.value.status == 422
+    assert "spec.topologySize" in _body(err.value)["message"]
+
+
+async def test_stale_resource_version_put_conflicts(api: k8s.ApiClient) -> None:
+    core = k8s.CoreV1Api(api)
+    cm = await core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "cm"}, "data": {"a": "1"}}, _request_timeout=T
+    )
+    stale = api.sanitize_for_serialization(cm)
+    await core.patch_namespaced_config_map(
+        "cm", "default", {"data": {"a": "2"}}, _request_timeout=T
+    )
+    stale["data"]["a"] = "3"
+    with pytest.raises(ApiException) as err:
+        await core.replace_namespaced_config_map("cm", "default", stale, _request_timeout=T)
+    assert err.value.status == 409
+    assert _body(err.value)["reason"] == "Conflict"
+
+
+async def test_generate_name(api: k8s.ApiClient) -> None:
+    core = k8s.CoreV1Api(api)
+    a = await core.create_namespaced_config_map(
+        "default", {"metadata": {"generateName": "job-"}}, _request_timeout=T
+    )
+    b = await core.create_namespaced_config_map(
+        "default", {"metadata": {"generateName": "job-"}}, _request_timeout=T
+    )
+    assert a.metadata.name.startswith("job-") and len(a.metadata.name) == len("job-") + 5
+    assert a.metadata.name != b.metadata.name
+
+
+async def test_status_subresource_split_and_generation(api: k8s.ApiClient) -> None:
+    objs = k8s.CustomObjectsApi(api)
+    wl = seed_workload()
+    wl["status"] = {"state": "Allocated"}
+    created = await objs.create_namespaced_custom_object(
+        GROUP, VERSION, "default", NUSW, wl, _request_timeout=T
+    )
+    assert "status" not in created or not created["status"].get("state")
+    st = await objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, "default", NUSW, "my-training-job",
+        {"status": {"state": "Pending"}, "spec": {"serverCount": 9}},
+        _content_type="application/merge-patch+json", _request_timeout=T,
+    )
+    assert st["status"]["state"] == "Pending"
+    assert st["spec"]["serverCount"] == 2  # /status ignores spec
+    assert st["metadata"]["generation"] == 1  # status writes do not bump generation
+    relabeled = await objs.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", NUSW, "my-training-job",
+        {"metadata": {"labels": {"x": "y"}}},
+        _content_type="application/merge-patch+json", _request_timeout=T,
+    )
+    assert relabeled["metadata"]["generation"] == 1  # metadata-only change
+    changed = await objs.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", NUSW, "my-training-job",
+        {"spec": {"allocationPolicy": {"failureStrategy": "RestartAll"}}},
+        _content_type="application/merge-patch+json", _request_timeout=T,
+    )
+    assert changed["metadata"]["generation"] == 2
+
+
+async def test_slice_selectors(api: k8s.ApiClient) -> None:
+    res = k8s.ResourceV1Api(api)
+    for node in ("node-a", "node-b", "node-c"):
+        await res.create_resource_slice(slice_for(node), _request_timeout=T)
+    by_field = await res.list_resource_slice(field_selector="spec.nodeName=node-b", _request_timeout=T)
+    assert [s.spec.node_name for s in by_field.items] == ["node-b"]
+    by_label = await res.list_resource_slice(label_selector="node in (node-a,node-c)", _request_timeout=T)
+    assert sorted(s.spec.node_name for s in by_label.items) == ["node-a", "node-c"]
+    not_b = await res.list_resource_slice(label_selector="node!=node-b", _request_timeout=T)
+    assert sorted(s.spec.node_name for s in not_b.items) == ["node-a", "node-c"]
+    with pytest.raises(ApiException) as err:
+        await res.list_resource_slice(field_selector="spec.pool.name=node-a", _request_timeout=T)
+    assert err.value.status == 400
+
+
+async def test_slice_all_nodes_false_is_invalid(api: k8s.ApiClient) -> None:
+    bad = slice_for("node-x", allNodes=False)
+    with pytest.raises(ApiException) as err:
+        await api.call_api(
+            "/apis/resource.k8s.io/v1/resourceslices", "POST", body=bad,
+            header_params={"Content-Type": "application/json"},
+            _preload_content=False, _request_timeout=T,
+        )
+    assert err.value.status == 422
+
+
+async def test_finalizer_holds_deletion(api: k8s.ApiClient) -> None:
+    core = k8s.CoreV1Api(api)
+    await core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}},
+        _request_timeout=T,
+    )
+    await core.delete_namespaced_config_map("held", "default", _request_timeout=T)
+    held = await core.read_namespaced_config_map("held", "default", _request_timeout=T)
+    assert held.metadata.deletion_timestamp is not None
+    await core.patch_namespaced_config_map(
+        "held", "default", {"metadata": {"finalizers": None}}, _request_timeout=T
+    )
+    with pytest.raises(ApiException) as err:
+        await core.read_namespaced_config_map("held", "default", _request_timeout=T)
+    assert err.value.status == 404
+
+
+async def test_watch_resumes_from_resource_version(api: k8s.ApiClient) -> None:
+    core = k8s.CoreV1Api(api)
+    first = await core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "w1"}}, _request_timeout=T
+    )
+    rv = first.metadata.resource_version
+    await core.create_namespaced_config_map("default", {"metadata": {"name": "w2"}}, _request_timeout=T)
+    await core.delete_namespaced_config_map("w1", "default", _request_timeout=T)
+    resp = await api.call_api(
+        "/api/v1/namespaces/default/configmaps", "GET",
+        query_params=[("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "5")],
+        _preload_content=False, _request_timeout=T,
+    )
+    seen: list[tuple[str, str]] = []
+    async with asyncio.timeout(T):
+        while len(seen) < 2:
+            line = await resp.content.readline()
+            assert line, "watch closed before the expected events"
+            ev = json.loads(line)
+            seen.append((ev["type"], ev["object"]["metadata"]["name"]))
+    resp.close()
+    assert seen == [("ADDED", "w2"), ("DELETED", "w1")]
+
+
+async def test_update_of_missing_object_is_not_found(api: k8s.ApiClient) -> None:
+    body = copy.deepcopy(seed_workload("ghost"))
+    body["metadata"]["resourceVersion"] = "1"
+    with pytest.raises(ApiException) as err:
+        await k8s.CustomObjectsApi(api).replace_namespaced_custom_object(
+            GROUP, VERSION, "default", NUSW, "ghost", body, _request_timeout=T
+        )
+    assert err.value.status == 404
