@@ -1,0 +1,171 @@
+"""Names that other programs, users and the kubelet depend on (DESIGN.md §3).
+
+Everything here is part of a wire contract: ResourceSlice attributes that users write CEL
+against, Node labels that LeaderWorkerSet annotations refer to, CRD coordinates that kubectl
+and RBAC use. Changing a value is a breaking change for someone outside this repository, so
+each one is defined exactly once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+# --- driver and device classes (§3.1) -------------------------------------------------------
+
+DRIVER_NAME: Final = "neuron.aws.com"
+#: Unqualified attribute and capacity names live in the driver's domain.
+ATTRIBUTE_DOMAIN: Final = DRIVER_NAME
+
+#: Selects every Neuron device that is not reserved for an UltraServer workload.
+DEVICE_CLASS_NEURON: Final = "neuron.aws.com"
+#: Used by the ResourceClaimTemplates the controller generates for workloads.
+DEVICE_CLASS_ULTRASERVER: Final = "ultraserver.neuron.aws.com"
+
+#: Namespace of the driver's own objects, including every NeuronUltraServer.
+DRIVER_NAMESPACE: Final = "neuron-dra-driver"
+
+DEVICE_NAME_PREFIX: Final = "neurondevice"
+#: The whole-node device published on UltraServer-capable nodes.
+NODE_DEVICE_NAME: Final = "neuronnode"
+
+
+def device_name(device_id: int) -> str:
+    """ResourceSlice device name of Neuron device ``device_id`` (``/dev/neuron<N>``)."""
+    if device_id < 0:
+        raise ValueError(f"device id must be >= 0, got {device_id}")
+    return f"{DEVICE_NAME_PREFIX}{device_id}"
+
+
+# --- ResourceSlice API limits (reference/kubelet-dra.md §5.2, Kubernetes 1.34) --------------
+
+MAX_DEVICES_PER_SLICE: Final = 128
+MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: Final = 32
+MAX_ATTRIBUTE_ID_LENGTH: Final = 32
+MAX_ATTRIBUTE_VALUE_LENGTH: Final = 64
+
+# --- device attributes (§3.2) ---------------------------------------------------------------
+
+ATTR_DEVICE_ID: Final = "deviceId"
+ATTR_RESOURCE_TYPE: Final = "resourceType"
+ATTR_INSTANCE_TYPE: Final = "instanceType"
+ATTR_NEURON_DRIVER_VERSION: Final = "neuronDriverVersion"
+ATTR_DRA_DRIVER_VERSION: Final = "draDriverVersion"
+ATTR_CORE_COUNT: Final = "coreCount"
+ATTR_LOGICAL_CORE_COUNT: Final = "logicalCoreCount"
+ATTR_TOPOLOGY_X: Final = "topology_x"
+ATTR_TOPOLOGY_Y: Final = "topology_y"
+ATTR_TOPOLOGY4_ID: Final = "topology4_id"
+ATTR_TOPOLOGY8_ID: Final = "topology8_id"
+ATTR_NETWORK_NODE_LAYER1: Final = "networkNodeLayer1"
+ATTR_NETWORK_NODE_LAYER2: Final = "networkNodeLayer2"
+ATTR_NETWORK_NODE_LAYER3: Final = "networkNodeLayer3"
+ATTR_ULTRASERVER_ID: Final = "ultraserverId"
+ATTR_CAPACITY_BLOCK_ID: Final = "capacityBlockId"
+ATTR_ULTRASERVER_NODE_ID: Final = "ultraserverNodeId"
+ATTR_ULTRASERVER_MODES: Final = "ultraserverModes"
+ATTR_WORKLOAD_ID: Final = "workloadId"
+ATTR_HEALTHY: Final = "healthy"
+
+#: Connected-group ids are published in the domain shared with the EFA driver (DRANET), so a
+#: claim can ``matchAttribute`` across Neuron and EFA devices.
+DEVICE_GROUP_DOMAIN: Final = "resource.aws.com"
+
+
+def device_group_attribute(size: int) -> str:
+    """Fully qualified name of the connected-group id attribute for groups of ``size``."""
+    if size < 1:
+        raise ValueError(f"device group size must be >= 1, got {size}")
+    return f"{DEVICE_GROUP_DOMAIN}/devicegroup{size}_id"
+
+
+RESOURCE_TYPE_DEVICE: Final = "neuron_device"
+RESOURCE_TYPE_NODE: Final = "neuron_node"
+
+CAPACITY_MEMORY: Final = "memory"
+CAPACITY_CORES: Final = "cores"
+
+# --- Node labels (§3.6) ---------------------------------------------------------------------
+
+LABEL_INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
+LABEL_CAPACITY_BLOCK_ID: Final = "topology.k8s.aws/capacity-block-id"
+LABEL_NETWORK_NODE_LAYER1: Final = "topology.k8s.aws/network-node-layer-1"
+LABEL_NETWORK_NODE_LAYER2: Final = "topology.k8s.aws/network-node-layer-2"
+LABEL_NETWORK_NODE_LAYER3: Final = "topology.k8s.aws/network-node-layer-3"
+
+#: Which Node label feeds which device attribute (all three are optional on a Node).
+NETWORK_NODE_LAYER_ATTRIBUTES: Final[tuple[tuple[str, str], ...]] = (
+    (LABEL_NETWORK_NODE_LAYER1, ATTR_NETWORK_NODE_LAYER1),
+    (LABEL_NETWORK_NODE_LAYER2, ATTR_NETWORK_NODE_LAYER2),
+    (LABEL_NETWORK_NODE_LAYER3, ATTR_NETWORK_NODE_LAYER3),
+)
+
+_ULTRASERVER_LABEL_PREFIX: Final = "neuron.amazonaws.com/ultraserver-"
+LABEL_ULTRASERVER_MODE: Final = _ULTRASERVER_LABEL_PREFIX + "mode"
+LABEL_ULTRASERVER_SERVER_ID_2: Final = _ULTRASERVER_LABEL_PREFIX + "server-id-2"
+LABEL_ULTRASERVER_SERVER_ID_4: Final = _ULTRASERVER_LABEL_PREFIX + "server-id-4"
+LABEL_ULTRASERVER_NODE_ID_2: Final = _ULTRASERVER_LABEL_PREFIX + "node-id-2"
+LABEL_ULTRASERVER_NODE_ID_4: Final = _ULTRASERVER_LABEL_PREFIX + "node-id-4"
+
+#: Every label the kubelet plugin owns on its Node; it removes the ones it no longer sets.
+ULTRASERVER_NODE_LABELS: Final[tuple[str, ...]] = (
+    LABEL_ULTRASERVER_MODE,
+    LABEL_ULTRASERVER_SERVER_ID_2,
+    LABEL_ULTRASERVER_SERVER_ID_4,
+    LABEL_ULTRASERVER_NODE_ID_2,
+    LABEL_ULTRASERVER_NODE_ID_4,
+)
+
+
+def format_ultraserver_modes(node_counts: Iterable[int]) -> str:
+    """Encode supported UltraServer node counts the way the label and attribute carry them.
+
+    The observed label value is ``1_2_4``: node counts (not the driver's mode enum), ascending,
+    joined by ``_``.
+    """
+    counts = sorted(set(node_counts))
+    if any(c < 1 for c in counts):
+        raise ValueError(f"node counts must be >= 1, got {counts}")
+    return "_".join(str(c) for c in counts)
+
+
+# --- opaque device configs (§3.4) -----------------------------------------------------------
+
+CONFIG_API_VERSION: Final = "neuron.aws.com/v1"
+#: Older spellings seen in the beta documentation; still accepted on input, never written.
+CONFIG_API_VERSIONS_ACCEPTED: Final[tuple[str, ...]] = (
+    CONFIG_API_VERSION,
+    "neuron.aws.com/v1alphav1",
+    "resource.neuron.aws.com/v1alphav1",
+)
+CONFIG_KIND_NEURON: Final = "NeuronConfig"
+CONFIG_KIND_ULTRASERVER: Final = "UltraServerConfig"
+
+# --- custom resources (§3.7) ----------------------------------------------------------------
+
+CRD_GROUP: Final = "neuron.aws.com"
+CRD_VERSION: Final = "v1beta1"
+CRD_API_VERSION: Final = f"{CRD_GROUP}/{CRD_VERSION}"
+CRD_CATEGORY: Final = "neuron"
+
+KIND_ULTRASERVER: Final = "NeuronUltraServer"
+PLURAL_ULTRASERVER: Final = "neuronultraservers"
+SINGULAR_ULTRASERVER: Final = "neuronultraserver"
+SHORT_NAME_ULTRASERVER: Final = "nus"
+
+KIND_WORKLOAD: Final = "NeuronUltraServerWorkload"
+PLURAL_WORKLOAD: Final = "neuronultraserverworkloads"
+SINGULAR_WORKLOAD: Final = "neuronultraserverworkload"
+SHORT_NAME_WORKLOAD: Final = "nusw"
+
+#: Label on the generated ResourceClaimTemplate's claim template, so that Prepare can match a
+#: claim to the workload whose reserved devices it is allowed to use.
+LABEL_WORKLOAD_ID: Final = "neuron.aws.com/workload-id"
+
+#: Held on a NeuronUltraServerWorkload until its UltraServers are released and untagged.
+FINALIZER_WORKLOAD: Final = "neuron.aws.com/workload-protection"
+
+#: Label values are limited to 63 characters and the workload id travels in
+#: ``LABEL_WORKLOAD_ID``, so it must fit there (DESIGN §3.7 says "<= 64": the label is the
+#: tighter bound).
+WORKLOAD_ID_MAX_LENGTH: Final = 63
