@@ -1,0 +1,1 @@
+"""Finding the Neuron devices of this node: sysfs/dev scanning, udev, emulation."""

@@ -1,0 +1,100 @@
+"""What discovery reports about a node: the contract between discovery and the rest.
+
+Discovery (real sysfs, pyudev, or an emulated tree) produces a ``NodeInventory``;
+the ResourceSlice builder, the CDI edit computation and the node labeller are
+pure functions of it (plus the Node's labels). Values the hardware did not give
+us are ``None`` rather than guessed, and everything discovery had to ignore is
+listed in ``problems`` so it can be logged with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class UltraServerMode(IntEnum):
+    """The Neuron driver's mode enum (``ultraserver_mode`` sysfs values), not a node count."""
+
+    X4 = 1   # 4 nodes
+    X2H = 2  # 2 nodes over horizontal links
+    X2V = 3  # 2 nodes over vertical links
+    X1 = 4   # single node
+
+    @property
+    def node_count(self) -> int:
+        return {UltraServerMode.X4: 4, UltraServerMode.X2H: 2, UltraServerMode.X2V: 2}.get(
+            self, 1
+        )
+
+
+#: ``server_id_<n>`` value meaning "no UltraServer / election not done".
+NO_SERVER_ID = "0000000000000000"
+
+
+@dataclass(frozen=True)
+class NeuronDevice:
+    """One ``/dev/neuron<index>`` device."""
+
+    index: int
+    #: Path of the device node as the container runtime must see it (host path), e.g. /dev/neuron3.
+    dev_path: str
+    #: Physical NeuronCores (sysfs ``core_count``; not LNC-aware). None if unreadable.
+    core_count: int | None = None
+    #: Neighbour device indices from ``connected_devices``.
+    connected: tuple[int, ...] = ()
+    #: ``info/architecture/arch_type`` (e.g. NDv3), ``device_name`` (e.g. Trainium2),
+    #: ``instance_type`` (family as the driver names it, e.g. Trn2).
+    arch_type: str | None = None
+    device_name: str | None = None
+    arch_instance_family: str | None = None
+    serial_number: str | None = None
+    #: PCI address of the EFA device paired with this Neuron device, when known; drives the
+    #: AWS connected-group id rule (DESIGN.md §3.3).
+    efa_pci_address: str | None = None
+    #: False when hardware health signals report a problem; reasons say which.
+    healthy: bool = True
+    unhealthy_reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UltraServerInfo:
+    """Class-level UltraServer election results (``/sys/class/neuron_device/*``)."""
+
+    #: Supported driver modes from ``ultraserver_mode`` (empty: not an UltraServer platform).
+    modes: tuple[UltraServerMode, ...] = ()
+    #: 16 hex chars from ``server_id_2`` / ``server_id_4``; None when unset (all zeros) or busy.
+    server_id_2: str | None = None
+    server_id_4: str | None = None
+    #: ``node_id_2`` / ``node_id_4``; None when -1, busy or invalid.
+    node_id_2: int | None = None
+    node_id_4: int | None = None
+
+    @property
+    def node_counts(self) -> tuple[int, ...]:
+        """Supported UltraServer sizes in nodes, ascending (e.g. (1, 2, 4))."""
+        return tuple(sorted({m.node_count for m in self.modes}))
+
+    @property
+    def supports_x2v(self) -> bool:
+        return UltraServerMode.X2V in self.modes
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Everything discovery learned about this node's Neuron hardware."""
+
+    node_name: str
+    #: EC2 instance type (DMI ``product_name``, else the Node label); None if unknown.
+    instance_type: str | None
+    #: ``/sys/module/neuron/version``, e.g. 2.24.7.0; None if the module is not loaded.
+    driver_version: str | None
+    devices: tuple[NeuronDevice, ...]
+    ultraserver: UltraServerInfo | None = None
+    #: Node-wide default LNC from ``/opt/aws/neuron/logical_nc_config`` when present.
+    lnc_default: int | None = None
+    #: Things discovery ignored, each with its reason (logged, never fatal).
+    problems: tuple[str, ...] = field(default=())
+
+    def device(self, index: int) -> NeuronDevice | None:
+        return next((d for d in self.devices if d.index == index), None)
