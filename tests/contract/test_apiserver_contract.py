@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-
 from neuron_dra.common.paths import chart_crd_dir
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.testing.realcluster import RealAPIServer, assets_dir
@@ -64,7 +63,9 @@ async def api(request: pytest.FixtureRequest) -> AsyncIterator[k8s.ApiClient]:
     else:
         assets = assets_dir()
         if assets is None:
-            pytest.skip("real-cluster tier: set KUBEBUILDER_ASSETS to a dir with etcd and kube-apiserver")
+            pytest.skip(
+                "real-cluster tier: set KUBEBUILDER_ASSETS to a dir with etcd and kube-apiserver"
+            )
         server = RealAPIServer(assets, sorted(chart_crd_dir().glob("*.yaml")))
     async with server, k8s.ApiClient(server.client_configuration()) as client:
         yield client
@@ -108,8 +109,14 @@ async def test_immutable_spec_field(api: k8s.ApiClient) -> None:
     )
     with pytest.raises(ApiException) as err:
         await objs.patch_namespaced_custom_object(
-            GROUP, VERSION, "default", NUSW, "my-training-job", {"spec": {"topologySize": 2}},
-            _content_type="application/merge-patch+json", _request_timeout=T,
+            GROUP,
+            VERSION,
+            "default",
+            NUSW,
+            "my-training-job",
+            {"spec": {"topologySize": 2}},
+            _content_type="application/merge-patch+json",
+            _request_timeout=T,
         )
     assert err.value.status == 422
     assert "spec.topologySize" in _body(err.value)["message"]
@@ -152,23 +159,38 @@ async def test_status_subresource_split_and_generation(api: k8s.ApiClient) -> No
     )
     assert "status" not in created or not created["status"].get("state")
     st = await objs.patch_namespaced_custom_object_status(
-        GROUP, VERSION, "default", NUSW, "my-training-job",
+        GROUP,
+        VERSION,
+        "default",
+        NUSW,
+        "my-training-job",
         {"status": {"state": "Pending"}, "spec": {"serverCount": 9}},
-        _content_type="application/merge-patch+json", _request_timeout=T,
+        _content_type="application/merge-patch+json",
+        _request_timeout=T,
     )
     assert st["status"]["state"] == "Pending"
     assert st["spec"]["serverCount"] == 2  # /status ignores spec
     assert st["metadata"]["generation"] == 1  # status writes do not bump generation
     relabeled = await objs.patch_namespaced_custom_object(
-        GROUP, VERSION, "default", NUSW, "my-training-job",
+        GROUP,
+        VERSION,
+        "default",
+        NUSW,
+        "my-training-job",
         {"metadata": {"labels": {"x": "y"}}},
-        _content_type="application/merge-patch+json", _request_timeout=T,
+        _content_type="application/merge-patch+json",
+        _request_timeout=T,
     )
     assert relabeled["metadata"]["generation"] == 1  # metadata-only change
     changed = await objs.patch_namespaced_custom_object(
-        GROUP, VERSION, "default", NUSW, "my-training-job",
+        GROUP,
+        VERSION,
+        "default",
+        NUSW,
+        "my-training-job",
         {"spec": {"allocationPolicy": {"failureStrategy": "RestartAll"}}},
-        _content_type="application/merge-patch+json", _request_timeout=T,
+        _content_type="application/merge-patch+json",
+        _request_timeout=T,
     )
     assert changed["metadata"]["generation"] == 2
 
@@ -177,9 +199,13 @@ async def test_slice_selectors(api: k8s.ApiClient) -> None:
     res = k8s.ResourceV1Api(api)
     for node in ("node-a", "node-b", "node-c"):
         await res.create_resource_slice(slice_for(node), _request_timeout=T)
-    by_field = await res.list_resource_slice(field_selector="spec.nodeName=node-b", _request_timeout=T)
+    by_field = await res.list_resource_slice(
+        field_selector="spec.nodeName=node-b", _request_timeout=T
+    )
     assert [s.spec.node_name for s in by_field.items] == ["node-b"]
-    by_label = await res.list_resource_slice(label_selector="node in (node-a,node-c)", _request_timeout=T)
+    by_label = await res.list_resource_slice(
+        label_selector="node in (node-a,node-c)", _request_timeout=T
+    )
     assert sorted(s.spec.node_name for s in by_label.items) == ["node-a", "node-c"]
     not_b = await res.list_resource_slice(label_selector="node!=node-b", _request_timeout=T)
     assert sorted(s.spec.node_name for s in not_b.items) == ["node-a", "node-c"]
@@ -189,20 +215,27 @@ async def test_slice_selectors(api: k8s.ApiClient) -> None:
 
 
 async def test_slice_all_nodes_false_is_invalid(api: k8s.ApiClient) -> None:
+    # allNodes must be unset or true; a JSON false is rejected (kubelet-dra.md §5.2).
+    # The raw call keeps the false on the wire: the typed model would drop it.
     bad = slice_for("node-x", allNodes=False)
-    with pytest.raises(ApiException) as err:
-        await api.call_api(
-            "/apis/resource.k8s.io/v1/resourceslices", "POST", body=bad,
-            header_params={"Content-Type": "application/json"},
-            _preload_content=False, _request_timeout=T,
-        )
-    assert err.value.status == 422
+    resp = await api.call_api(
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "POST",
+        body=bad,
+        header_params={"Content-Type": "application/json"},
+        _preload_content=False,
+        _request_timeout=T,
+    )
+    body = json.loads(await resp.read())
+    assert resp.status == 422, body
+    assert "spec.allNodes" in body["message"]
 
 
 async def test_finalizer_holds_deletion(api: k8s.ApiClient) -> None:
     core = k8s.CoreV1Api(api)
     await core.create_namespaced_config_map(
-        "default", {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}},
+        "default",
+        {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}},
         _request_timeout=T,
     )
     await core.delete_namespaced_config_map("held", "default", _request_timeout=T)
@@ -222,12 +255,16 @@ async def test_watch_resumes_from_resource_version(api: k8s.ApiClient) -> None:
         "default", {"metadata": {"name": "w1"}}, _request_timeout=T
     )
     rv = first.metadata.resource_version
-    await core.create_namespaced_config_map("default", {"metadata": {"name": "w2"}}, _request_timeout=T)
+    await core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "w2"}}, _request_timeout=T
+    )
     await core.delete_namespaced_config_map("w1", "default", _request_timeout=T)
     resp = await api.call_api(
-        "/api/v1/namespaces/default/configmaps", "GET",
+        "/api/v1/namespaces/default/configmaps",
+        "GET",
         query_params=[("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "5")],
-        _preload_content=False, _request_timeout=T,
+        _preload_content=False,
+        _request_timeout=T,
     )
     seen: list[tuple[str, str]] = []
     async with asyncio.timeout(T):

@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
         "the UltraServer workload example and show the result.",
     )
     sim.add_argument(
-        "--keep-running", action="store_true",
+        "--keep-running",
+        action="store_true",
         help="leave the cluster up afterwards and print a kubeconfig for kubectl",
     )
     sim.add_argument("--port", type=int, default=0, help="API server port (default: any free)")
@@ -44,11 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     fake.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free)")
     fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     fake.add_argument(
-        "--kubeconfig-out", metavar="FILE",
+        "--kubeconfig-out",
+        metavar="FILE",
         help="write a kubeconfig pointing at the server to FILE",
     )
     fake.add_argument(
-        "--crds", metavar="DIR", action="append",
+        "--crds",
+        metavar="DIR",
+        action="append",
         help="directory of CustomResourceDefinition YAML files to serve "
         "(default: the Neuron CRDs); may be repeated",
     )

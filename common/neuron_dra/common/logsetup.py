@@ -72,11 +72,17 @@ class JSONFormatter(logging.Formatter):
 
 def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-v", "--v", dest="verbosity", type=int, default=2,
+        "-v",
+        "--v",
+        dest="verbosity",
+        type=int,
+        default=2,
         help="log verbosity like klog: 0-2 info, 3-4 debug, 5+ trace (default 2)",
     )
     parser.add_argument(
-        "--logging-format", choices=("text", "json"), default="text",
+        "--logging-format",
+        choices=("text", "json"),
+        default="text",
         help="log line format (default text)",
     )
 

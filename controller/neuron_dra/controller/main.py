@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
     parser.add_argument(
-        "--namespace", default=DRIVER_NAMESPACE,
+        "--namespace",
+        default=DRIVER_NAMESPACE,
         help=f"namespace for NeuronUltraServers and the leader Lease (default {DRIVER_NAMESPACE})",
     )
     parser.add_argument("--leader-elect", action="store_true", help="use Lease leader election")

@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sysfs-root", default=_env("SYSFS_ROOT", "/sys"), help="env SYSFS_ROOT")
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"), help="env DEV_ROOT")
     p.add_argument(
-        "--emulation-mode", default=_env("NEURON_DRA_DRIVER_EMULATION_MODE"),
+        "--emulation-mode",
+        default=_env("NEURON_DRA_DRIVER_EMULATION_MODE"),
         help="emulate an instance type (env NEURON_DRA_DRIVER_EMULATION_MODE)",
     )
     p.add_argument("--emulated-ultraserver-id", default=_env("EMULATED_ULTRASERVER_ID"))

@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-
 from neuron_dra.common import constants as c
 from neuron_dra.common.paths import repo_root
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
@@ -48,21 +47,32 @@ def _example(name: str) -> dict[str, Any]:
 async def _table(api: k8s.ApiClient, path: str) -> str:
     """Render a server-side Table the way ``kubectl get`` prints it."""
     resp = await api.call_api(
-        path, "GET", header_params={"Accept": TABLE_ACCEPT},
-        _preload_content=False, _request_timeout=TIMEOUT,
+        path,
+        "GET",
+        header_params={"Accept": TABLE_ACCEPT},
+        _preload_content=False,
+        _request_timeout=TIMEOUT,
     )
     table = json.loads(await resp.read())
-    headers = [col["name"].upper() for col in table["columnDefinitions"] if col.get("priority", 0) == 0]
+    headers = [
+        col["name"].upper() for col in table["columnDefinitions"] if col.get("priority", 0) == 0
+    ]
     keep = [i for i, col in enumerate(table["columnDefinitions"]) if col.get("priority", 0) == 0]
-    rows = [["" if row["cells"][i] is None else str(row["cells"][i]) for i in keep] for row in table["rows"]]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    rows = [
+        ["" if row["cells"][i] is None else str(row["cells"][i]) for i in keep]
+        for row in table["rows"]
+    ]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     lines = ["   ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines += ["   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(line.rstrip() for line in lines)
 
 
 async def _walkthrough(api: k8s.ApiClient) -> None:
-    objects = k8s.CustomObjectsApi(api)
+    # The client's stubs omit the private kwargs (_content_type) it accepts at run time.
+    objects: Any = k8s.CustomObjectsApi(api)
     group, version, plural = c.CRD_GROUP, c.CRD_VERSION, c.PLURAL_WORKLOAD
     base = f"/apis/{group}/{version}/namespaces/{NAMESPACE}/{plural}"
     workload = _example("ultraserver-workload.yaml")
@@ -72,8 +82,10 @@ async def _walkthrough(api: k8s.ApiClient) -> None:
         group, version, NAMESPACE, plural, workload, _request_timeout=TIMEOUT
     )
     strategy = created["spec"].get("allocationPolicy", {}).get("failureStrategy")
-    print(f"  created {c.KIND_WORKLOAD} {NAMESPACE}/{name} (uid {created['metadata']['uid']}, "
-          f"resourceVersion {created['metadata']['resourceVersion']}, failureStrategy {strategy})")
+    print(
+        f"  created {c.KIND_WORKLOAD} {NAMESPACE}/{name} (uid {created['metadata']['uid']}, "
+        f"resourceVersion {created['metadata']['resourceVersion']}, failureStrategy {strategy})"
+    )
     print("\n" + "\n".join("    " + line for line in (await _table(api, base)).splitlines()) + "\n")
 
     bad = copy.deepcopy(workload)
@@ -84,17 +96,26 @@ async def _walkthrough(api: k8s.ApiClient) -> None:
             group, version, NAMESPACE, plural, bad, _request_timeout=TIMEOUT
         )
     except ApiException as exc:
-        message = json.loads(exc.body).get("message", "")
+        message = json.loads(exc.body or "{}").get("message", "")
         if exc.status != 422 or "spec.topologySize" not in message:
-            raise StepFailed(f"topologySize 3: expected 422 naming spec.topologySize, got {exc.status}: {message}") from exc
+            raise StepFailed(
+                "topologySize 3: expected 422 naming spec.topologySize, "
+                f"got {exc.status}: {message}"
+            ) from exc
         print(f"  topologySize: 3 rejected at admission (422): {message}")
     else:
         raise StepFailed("a workload with topologySize 3 was accepted")
 
     stale = copy.deepcopy(created)
     fresh = await objects.patch_namespaced_custom_object(
-        group, version, NAMESPACE, plural, name, {"metadata": {"labels": {"team": "ml"}}},
-        _content_type="application/merge-patch+json", _request_timeout=TIMEOUT,
+        group,
+        version,
+        NAMESPACE,
+        plural,
+        name,
+        {"metadata": {"labels": {"team": "ml"}}},
+        _content_type="application/merge-patch+json",
+        _request_timeout=TIMEOUT,
     )
     stale["metadata"].setdefault("labels", {})["team"] = "other"
     try:
@@ -104,8 +125,10 @@ async def _walkthrough(api: k8s.ApiClient) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise StepFailed(f"stale update: expected 409 Conflict, got {exc.status}") from exc
-        print(f"  update from resourceVersion {stale['metadata']['resourceVersion']} after a change "
-              f"(now {fresh['metadata']['resourceVersion']}) refused with 409 Conflict")
+        print(
+            f"  update from resourceVersion {stale['metadata']['resourceVersion']} after a change "
+            f"(now {fresh['metadata']['resourceVersion']}) refused with 409 Conflict"
+        )
     else:
         raise StepFailed("an update with a stale resourceVersion was accepted")
 
@@ -146,11 +169,15 @@ async def run_sim(args: argparse.Namespace) -> int:
                 lambda: _walkthrough(api),
             )
         print("\nall steps passed" if ok else "\nsome steps FAILED")
-        print("The full simulated cluster (emulated nodes, kubelet plugin, controller) "
-              "arrives with the later releases; see README.md.")
+        print(
+            "The full simulated cluster (emulated nodes, kubelet plugin, controller) "
+            "arrives with the later releases; see README.md."
+        )
         if args.keep_running:
-            print(f"\nkubeconfig: {kubeconfig}\n  try: kubectl --kubeconfig {kubeconfig} get nusw -A"
-                  "\nCtrl-C to stop.")
+            print(
+                f"\nkubeconfig: {kubeconfig}\n  try: kubectl --kubeconfig {kubeconfig} get nusw -A"
+                "\nCtrl-C to stop."
+            )
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

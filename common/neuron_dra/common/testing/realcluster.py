@@ -53,7 +53,7 @@ class RealAPIServer(AbstractAsyncContextManager["RealAPIServer"]):
         self._assets = assets
         self._crd_paths = crd_paths
         self._dir = Path(tempfile.mkdtemp(prefix="neuron-dra-envtest-"))
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._token = uuid.uuid4().hex
         self.url = ""
 
@@ -64,48 +64,90 @@ class RealAPIServer(AbstractAsyncContextManager["RealAPIServer"]):
         return cfg
 
     def write_kubeconfig(self, path: Path) -> None:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "envtest", "cluster": {
-                "server": self.url, "insecure-skip-tls-verify": True}}],
-            "users": [{"name": "admin", "user": {"token": self._token}}],
-            "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": "admin"}}],
-            "current-context": "envtest",
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "envtest",
+                            "cluster": {"server": self.url, "insecure-skip-tls-verify": True},
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": self._token}}],
+                    "contexts": [
+                        {"name": "envtest", "context": {"cluster": "envtest", "user": "admin"}}
+                    ],
+                    "current-context": "envtest",
+                }
+            )
+        )
 
     async def __aenter__(self) -> RealAPIServer:
         etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
         logs = self._dir / "logs"
         logs.mkdir()
-        self._spawn("etcd", [
-            str(self._assets / "etcd"),
-            "--data-dir", str(self._dir / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync",
-        ], logs)
-        key = self._dir / "sa.key"
-        subprocess.run(
-            ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
+        self._spawn(
+            "etcd",
+            [
+                str(self._assets / "etcd"),
+                "--data-dir",
+                str(self._dir / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+            ],
+            logs,
         )
+        key = self._dir / "sa.key"
+        keygen = await asyncio.create_subprocess_exec(
+            "openssl",
+            "genrsa",
+            "-out",
+            str(key),
+            "2048",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await keygen.communicate()
+        if keygen.returncode != 0:
+            raise RuntimeError(f"openssl genrsa failed: {err.decode(errors='replace')}")
         (self._dir / "tokens.csv").write_text(f'{self._token},admin,admin,"system:masters"\n')
-        self._spawn("kube-apiserver", [
-            str(self._assets / "kube-apiserver"),
-            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-            "--cert-dir", str(self._dir / "certs"),
-            "--bind-address", "127.0.0.1",
-            "--secure-port", str(api_port),
-            "--token-auth-file", str(self._dir / "tokens.csv"),
-            "--authorization-mode", "RBAC",
-            "--service-account-issuer", "https://kubernetes.default.svc",
-            "--service-account-key-file", str(key),
-            "--service-account-signing-key-file", str(key),
-            "--service-cluster-ip-range", "10.0.0.0/24",
-            "--disable-admission-plugins", "ServiceAccount",
-            "--allow-privileged=true",
-        ], logs)
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self._assets / "kube-apiserver"),
+                "--etcd-servers",
+                f"http://127.0.0.1:{etcd_port}",
+                "--cert-dir",
+                str(self._dir / "certs"),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(api_port),
+                "--token-auth-file",
+                str(self._dir / "tokens.csv"),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                str(key),
+                "--service-account-signing-key-file",
+                str(key),
+                "--service-cluster-ip-range",
+                "10.0.0.0/24",
+                "--disable-admission-plugins",
+                "ServiceAccount",
+                "--allow-privileged=true",
+            ],
+            logs,
+        )
         self.url = f"https://127.0.0.1:{api_port}"
         await self._wait_ready()
         await self._install_crds()
@@ -113,19 +155,19 @@ class RealAPIServer(AbstractAsyncContextManager["RealAPIServer"]):
 
     def _spawn(self, name: str, argv: list[str], logs: Path) -> None:
         out = (logs / f"{name}.log").open("wb")
-        self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
+        self._procs.append((name, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)))
 
-    async def _wait_ready(self, timeout: float = 60.0) -> None:
+    async def _wait_ready(self, limit: float = 60.0) -> None:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         headers = {"Authorization": f"Bearer {self._token}"}
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
-                for proc in self._procs:
+                for name, proc in self._procs:
                     if proc.poll() is not None:
-                        raise RuntimeError(f"{proc.args[0]} exited; logs in {self._dir / 'logs'}")
+                        raise RuntimeError(f"{name} exited; logs in {self._dir / 'logs'}")
                 try:
                     async with session.get(f"{self.url}/readyz", ssl=ctx, headers=headers) as r:
                         if r.status == 200:
@@ -134,7 +176,7 @@ class RealAPIServer(AbstractAsyncContextManager["RealAPIServer"]):
                     pass
                 # Polling is the only readiness signal a child process gives us.
                 await asyncio.sleep(0.2)
-        raise TimeoutError(f"kube-apiserver not ready after {timeout}s; logs in {self._dir}")
+        raise TimeoutError(f"kube-apiserver not ready after {limit}s; logs in {self._dir}")
 
     async def _install_crds(self) -> None:
         async with k8s.ApiClient(self.client_configuration()) as api:
@@ -162,7 +204,7 @@ class RealAPIServer(AbstractAsyncContextManager["RealAPIServer"]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for proc in reversed(self._procs):
+        for _, proc in reversed(self._procs):
             proc.terminate()
             try:
                 proc.wait(timeout=10)

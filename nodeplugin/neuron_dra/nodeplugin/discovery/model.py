@@ -16,16 +16,14 @@ from enum import IntEnum
 class UltraServerMode(IntEnum):
     """The Neuron driver's mode enum (``ultraserver_mode`` sysfs values), not a node count."""
 
-    X4 = 1   # 4 nodes
+    X4 = 1  # 4 nodes
     X2H = 2  # 2 nodes over horizontal links
     X2V = 3  # 2 nodes over vertical links
-    X1 = 4   # single node
+    X1 = 4  # single node
 
     @property
     def node_count(self) -> int:
-        return {UltraServerMode.X4: 4, UltraServerMode.X2H: 2, UltraServerMode.X2V: 2}.get(
-            self, 1
-        )
+        return {UltraServerMode.X4: 4, UltraServerMode.X2H: 2, UltraServerMode.X2V: 2}.get(self, 1)
 
 
 #: ``server_id_<n>`` value meaning "no UltraServer / election not done".

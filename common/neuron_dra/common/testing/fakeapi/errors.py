@@ -103,15 +103,11 @@ def status(
     return body
 
 
-def invalid_status(
-    kind: str, group: str, name: str, errors: list[FieldError]
-) -> dict[str, Any]:
+def invalid_status(kind: str, group: str, name: str, errors: list[FieldError]) -> dict[str, Any]:
     """The 422 body the real server sends for failed validation."""
     qualified = f"{kind}.{group}" if group else kind
     joined = (
-        errors[0].full()
-        if len(errors) == 1
-        else "[" + ", ".join(e.full() for e in errors) + "]"
+        errors[0].full() if len(errors) == 1 else "[" + ", ".join(e.full() for e in errors) + "]"
     )
     return status(
         422,
