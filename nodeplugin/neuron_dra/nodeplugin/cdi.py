@@ -1,0 +1,293 @@
+"""CDI specs for prepared claims (DESIGN §3.5; format in reference/kubelet-dra.md §9).
+
+The pure part computes the spec (device nodes and the Neuron runtime's environment) from a
+ClaimPlan; the edge writes, removes and lists the per-claim spec files in the CDI directory
+that the container runtime reads when the kubelet hands it our CDI device ids.
+
+Where the environment goes: in the spec-level ``containerEdits``. The runtime applies those
+once for a container that gets *any* device of the spec, so a container given all of the
+claim's CDI ids gets each variable exactly once. (Repeating identical values on every device
+would also work, as CDI keeps the last value per name, but the spec-level edit says what we
+mean.) Per-device edits carry only that device's ``/dev/neuron<N>`` nodes.
+
+Known limit: a container that names one request of a multi-request claim
+(``resources.claims[].request``) gets only that request's device nodes but the whole claim's
+core range. A per-request range cannot be expressed with one spec-level variable, and two
+claims in one container would each set the variable (the runtime takes one contiguous range).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from neuron_dra.common.constants import NODE_DEVICE_NAME
+from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
+from neuron_dra.nodeplugin.slices import inventory_profile, node_default_lnc
+
+CDI_KIND: Final = "k8s.neuron.aws.com/claim"
+
+ENV_VISIBLE_CORES: Final = "NEURON_RT_VISIBLE_CORES"
+ENV_LNC: Final = "NEURON_LOGICAL_NC_CONFIG"
+ENV_US_MODE: Final = "NEURON_RT_ULTRASERVER_MODE"
+ENV_US_SERVER_ID: Final = "NEURON_RT_ULTRASERVER_SERVER_ID"
+ENV_US_NODE_ID: Final = "NEURON_RT_ULTRASERVER_NODE_ID"
+ENV_GLOBAL_TOPOID: Final = "NEURON_GLOBAL_TOPOID"
+ENV_GLOBAL_TOPOID0_HOST: Final = "NEURON_GLOBAL_TOPOID0_HOST"
+
+_CDI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+class CdiError(RuntimeError):
+    """The plan cannot be expressed as a CDI spec. Internal: plan_claim should have refused it."""
+
+
+@dataclass(frozen=True)
+class UltraServerPeers:
+    """Where this node sits in an operator workload (from its NeuronUltraServer allocation)."""
+
+    #: Index of this UltraServer unit within the workload (allocation ``ultraserverIndex``).
+    ultraserver_index: int
+    #: Nodes per unit (the workload's ``topologySize``: 1, 2 or 4).
+    topology_size: int
+    #: This node's position within its unit, 0..topology_size-1.
+    node_index: int
+    #: Address of the workload's rank-0 node (global topology id 0).
+    leader_host: str
+
+    @property
+    def global_topo_id(self) -> int:
+        return self.ultraserver_index * self.topology_size + self.node_index
+
+
+# --- pure: spec content --------------------------------------------------------------------------
+
+
+def runtime_ultraserver_mode(node_count: int, *, supports_x2v: bool) -> UltraServerMode:
+    """The driver enum the runtime expects for a group of ``node_count`` nodes.
+
+    Two nodes prefer the vertical links where the node supports them: on a fully elected
+    4-node UltraServer the driver offers 2-node mode only as X2V (pairs {0,1} and {2,3}).
+    """
+    match node_count:
+        case 4:
+            return UltraServerMode.X4
+        case 2:
+            return UltraServerMode.X2V if supports_x2v else UltraServerMode.X2H
+        case 1:
+            return UltraServerMode.X1
+    raise CdiError(f"no UltraServer mode for {node_count} nodes (1, 2 or 4)")
+
+
+def visible_cores(device_indices: Iterable[int], logical_cores_per_device: int) -> str:
+    """``NEURON_RT_VISIBLE_CORES`` for these devices: global logical core ids as one range.
+
+    Global id = device index x logical cores per device + local id, so consecutive devices
+    give one contiguous range, the only form the runtime accepts.
+    """
+    indices = sorted(set(device_indices))
+    if not indices or logical_cores_per_device < 1:
+        raise CdiError(f"no cores for devices {indices} at {logical_cores_per_device} per device")
+    if indices[-1] - indices[0] + 1 != len(indices):
+        raise CdiError(f"devices {indices} are not consecutive: no contiguous core range")
+    first = indices[0] * logical_cores_per_device
+    last = (indices[-1] + 1) * logical_cores_per_device - 1
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def cdi_device_name(plan: ClaimPlan, device: str) -> str:
+    return f"{plan.claim_uid}-{device}"
+
+
+def cdi_device_ids(plan: ClaimPlan, *, cdi_kind: str = CDI_KIND) -> list[str]:
+    """Fully-qualified CDI ids (``vendor/class=name``), one per allocated device, in
+    ``plan.devices`` order (the kubelet gets them per device with the request names)."""
+    return [f"{cdi_kind}={cdi_device_name(plan, device)}" for _, device in plan.devices]
+
+
+def claim_env(
+    plan: ClaimPlan, inventory: NodeInventory, *, topology: UltraServerPeers | None = None
+) -> dict[str, str]:
+    """The Neuron runtime environment for a container using the claim's devices."""
+    profile = inventory_profile(inventory)
+    lnc = plan.lnc if plan.lnc is not None else node_default_lnc(inventory, profile)
+    env = {ENV_VISIBLE_CORES: visible_cores(plan.device_indices, profile.cores_per_device // lnc)}
+    # Only where LNC is a setting at all (Trn2/Trn3). Besides a configured value, also when the
+    # node's default differs from the type's: the runtime in the container cannot read the
+    # node's /opt/aws/neuron file, and the core ids above assume the node's value.
+    if len(profile.allowed_lnc) > 1 and (plan.lnc is not None or lnc != profile.default_lnc):
+        env[ENV_LNC] = str(lnc)
+
+    node_count = plan.ultraserver_mode_nodes
+    if node_count is None and topology is not None:
+        node_count = topology.topology_size
+    if node_count is not None:
+        us = inventory.ultraserver
+        mode = runtime_ultraserver_mode(node_count, supports_x2v=bool(us and us.supports_x2v))
+        env[ENV_US_MODE] = str(int(mode))
+        if node_count > 1:
+            # server_id_<n>/node_id_<n> exist for the 2- and 4-node groupings only; a single
+            # node has no peers to identify.
+            four = node_count == 4
+            server_id = None if us is None else (us.server_id_4 if four else us.server_id_2)
+            node_id = None if us is None else (us.node_id_4 if four else us.node_id_2)
+            if server_id is None or node_id is None:
+                raise CdiError(
+                    f"node {inventory.node_name}: no {node_count}-node UltraServer id "
+                    "(plan_claim should have refused the claim)"
+                )
+            env[ENV_US_SERVER_ID] = str(server_id)
+            env[ENV_US_NODE_ID] = str(node_id)
+    if topology is not None:
+        env[ENV_GLOBAL_TOPOID] = str(topology.global_topo_id)
+        env[ENV_GLOBAL_TOPOID0_HOST] = topology.leader_host
+    return env
+
+
+def _device_nodes(indices: Iterable[int], inventory: NodeInventory) -> list[dict[str, Any]]:
+    nodes = []
+    for index in sorted(indices):
+        path = f"/dev/neuron{index}"
+        device = inventory.device(index)
+        node: dict[str, Any] = {"path": path}
+        # Under emulation the host file lives elsewhere; in production the paths are equal and
+        # leaving hostPath out keeps the spec loadable by older CDI versions.
+        if device is not None and device.dev_path and device.dev_path != path:
+            node["hostPath"] = device.dev_path
+        nodes.append(node)
+    return nodes
+
+
+def minimum_cdi_version(spec: Mapping[str, Any]) -> str:
+    """The oldest CDI spec version that can carry ``spec``'s content (reference §9.1).
+
+    Runtimes with an older CDI library reject newer version strings, so we declare the least.
+    """
+    version = (0, 3, 0)
+    edits = [spec.get("containerEdits") or {}]
+    edits += [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+    if spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices", [])):
+        version = max(version, (0, 6, 0))
+    for e in edits:
+        if any("type" in m for m in e.get("mounts") or []):
+            version = max(version, (0, 4, 0))
+        if any("hostPath" in n for n in e.get("deviceNodes") or []):
+            version = max(version, (0, 5, 0))
+        if e.get("intelRdt") is not None or e.get("additionalGids"):
+            version = max(version, (0, 7, 0))
+        if e.get("netDevices"):
+            version = max(version, (1, 1, 0))
+    if any(d["name"][:1].isdigit() for d in spec.get("devices", [])):
+        version = max(version, (0, 5, 0))  # claim UIDs often start with a digit
+    return ".".join(str(p) for p in version)
+
+
+def cdi_spec_for(
+    plan: ClaimPlan,
+    inventory: NodeInventory,
+    *,
+    cdi_kind: str = CDI_KIND,
+    topology: UltraServerPeers | None = None,
+) -> dict[str, Any]:
+    """The CDI spec (JSON-ready dict) for one prepared claim."""
+    devices = []
+    for _, device in plan.devices:
+        indices = plan.device_indices if device == NODE_DEVICE_NAME else _own_index(device)
+        name = cdi_device_name(plan, device)
+        if not _CDI_NAME.fullmatch(name):
+            raise CdiError(f"{name!r} is not a valid CDI device name")
+        devices.append(
+            {"name": name, "containerEdits": {"deviceNodes": _device_nodes(indices, inventory)}}
+        )
+    if not devices:
+        raise CdiError(f"claim {plan.key}: no devices")
+    env = claim_env(plan, inventory, topology=topology)
+    spec: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": cdi_kind,
+        "devices": devices,
+        "containerEdits": {"env": [f"{k}={v}" for k, v in env.items()]},
+    }
+    spec["cdiVersion"] = minimum_cdi_version(spec)
+    return spec
+
+
+def _own_index(device: str) -> tuple[int, ...]:
+    digits = device.removeprefix("neurondevice")
+    if not digits.isdigit():
+        raise CdiError(f"unexpected device name {device!r}")
+    return (int(digits),)
+
+
+# --- edge: spec files ----------------------------------------------------------------------------
+
+
+def spec_file_name(claim_uid: str, *, cdi_kind: str = CDI_KIND) -> str:
+    """Transient spec name per the CDI convention: ``<vendor>-<class>_<id>.json``."""
+    vendor, _, cls = cdi_kind.partition("/")
+    return f"{vendor}-{cls}_{claim_uid.replace('/', '_')}.json"
+
+
+def write_cdi_spec(
+    cdi_root: Path, spec: Mapping[str, Any], claim_uid: str, *, cdi_kind: str = CDI_KIND
+) -> Path:
+    """Write ``spec`` atomically: the runtime sees the old file or the complete new one.
+
+    The temporary file sits in the same directory (rename is atomic only within a file
+    system) and is named so CDI ignores it (hidden, not ``.json``). File and directory are
+    fsynced so a prepared claim's spec survives a crash right after Prepare returns.
+    """
+    cdi_root.mkdir(parents=True, exist_ok=True)
+    target = cdi_root / spec_file_name(claim_uid, cdi_kind=cdi_kind)
+    fd, tmp = tempfile.mkstemp(dir=cdi_root, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(spec, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)  # runtimes may read as a different user
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(cdi_root)
+    return target
+
+
+def remove_cdi_spec(cdi_root: Path, claim_uid: str, *, cdi_kind: str = CDI_KIND) -> None:
+    """Remove the claim's spec; already gone is fine (Unprepare is retried)."""
+    with contextlib.suppress(FileNotFoundError):
+        (cdi_root / spec_file_name(claim_uid, cdi_kind=cdi_kind)).unlink()
+        _fsync_dir(cdi_root)
+
+
+def list_cdi_specs(cdi_root: Path, *, cdi_kind: str = CDI_KIND) -> set[str]:
+    """Claim UIDs with a spec file of our kind in ``cdi_root`` (for cleanup after restarts)."""
+    prefix = spec_file_name("", cdi_kind=cdi_kind).removesuffix(".json")
+    try:
+        names = os.listdir(cdi_root)
+    except FileNotFoundError:
+        return set()
+    return {
+        n[len(prefix) : -len(".json")]
+        for n in names
+        if n.startswith(prefix) and n.endswith(".json") and len(n) > len(prefix) + len(".json")
+    }
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

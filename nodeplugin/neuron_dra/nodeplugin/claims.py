@@ -1,0 +1,407 @@
+"""From an allocated ResourceClaim to what this node must prepare (pure; DESIGN §3.3-3.5, §3.7).
+
+The scheduler has already picked devices; what it cannot know is checked here, before anything
+is written for the container:
+
+* the opaque configs addressed to us decode strictly and fit this node (LNC only where the
+  instance type has it, UltraServerConfig only on UltraServer nodes with that size);
+* the devices form a connected set the Neuron runtime can use (a contiguous core range);
+* no device is reserved for a different UltraServer workload.
+
+Every rejection is a ClaimError whose message names the claim and says what to change: the
+kubelet shows it in the pod's events while the pod sits in ContainerCreating.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from neuron_dra.common.constants import (
+    ATTR_WORKLOAD_ID,
+    DEVICE_NAME_PREFIX,
+    DRIVER_NAME,
+    LABEL_WORKLOAD_ID,
+    NODE_DEVICE_NAME,
+    device_name,
+)
+from neuron_dra.common.models.configs import (
+    ConfigError,
+    NeuronConfig,
+    OpaqueConfig,
+    UltraServerConfig,
+    decode_opaque_config,
+)
+from neuron_dra.common.profiles import (
+    InstanceProfile,
+    connected_set_error,
+    is_connected_set,
+)
+from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.slices import (
+    InventoryError,
+    inventory_profile,
+    ultraserver_node_counts,
+)
+
+SOURCE_CLASS: Final = "FromClass"
+SOURCE_CLAIM: Final = "FromClaim"
+
+_DEVICE_NAME = re.compile(re.escape(DEVICE_NAME_PREFIX) + r"(0|[1-9][0-9]*)")
+
+
+class ClaimError(Exception):
+    """A claim this node cannot prepare.
+
+    ``permanent``: retrying the same claim cannot succeed; the user must change the claim (or
+    its template/class). Otherwise the condition may clear by itself (e.g. the UltraServer
+    election is still running) and the kubelet's retry may succeed.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = True) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What to prepare for one claim on this node."""
+
+    claim_uid: str
+    namespace: str
+    name: str
+    #: (request names, device name) per allocated device of our driver, sorted by device. The
+    #: request names are as allocated (``req`` or ``req/sub``): the kubelet matches them
+    #: against containers' ``resources.claims[].request``.
+    devices: tuple[tuple[tuple[str, ...], str], ...]
+    #: Every Neuron device index the container gets (all of them for ``neuronnode``), sorted.
+    device_indices: tuple[int, ...]
+    #: logicalNeuronCore from a NeuronConfig; None = the node's default.
+    lnc: int | None
+    #: ultraserverMode (a node count) from an UltraServerConfig; None when not configured.
+    ultraserver_mode_nodes: int | None
+    #: The UltraServer workload the devices are reserved for (and the claim belongs to).
+    workload_id: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(name for _, name in self.devices)
+
+    @property
+    def uses_node_device(self) -> bool:
+        return NODE_DEVICE_NAME in self.device_names
+
+
+@dataclass(frozen=True)
+class _Config:
+    index: int
+    source: str
+    requests: frozenset[str]
+    config: OpaqueConfig
+
+    def applies_to(self, request: str) -> bool:
+        # A config naming "req" covers every subrequest "req/sub"; one naming "req/sub" only
+        # that subrequest. No requests = the whole claim.
+        return not self.requests or request in self.requests or _base(request) in self.requests
+
+    @property
+    def precedence(self) -> tuple[int, int, int]:
+        # Claim beats class (the claim author chose it for this claim); within a source a
+        # config naming requests beats one for the whole claim; among equals the later wins.
+        # Source must come first: the allocator lists a class config with the names of the
+        # requests that used the class, so "names requests" alone would let class defaults
+        # override what the claim says.
+        return (int(self.source != SOURCE_CLASS), int(bool(self.requests)), self.index)
+
+
+def _base(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _decode_configs(raw: Sequence[Any], *, driver_name: str, claim: str) -> list[_Config]:
+    """Decode every config addressed to us, even ones applying to no allocated request: a
+    mistake in them is still the user's to fix, better reported now than on the next pod."""
+    out: list[_Config] = []
+    for i, entry in enumerate(raw):
+        entry = _dict(entry)
+        opaque = _dict(entry.get("opaque"))
+        if opaque.get("driver") != driver_name:
+            continue
+        source = str(entry.get("source", SOURCE_CLAIM))
+        where = "class" if source == SOURCE_CLASS else "claim"
+        try:
+            config = decode_opaque_config(opaque.get("parameters"))
+        except ConfigError as exc:
+            raise ClaimError(
+                f"claim {claim}: invalid {where} config #{i} for driver {driver_name}: {exc}"
+            ) from None
+        requests = frozenset(str(r) for r in _list(entry.get("requests")))
+        out.append(_Config(i, source, requests, config))
+    return out
+
+
+def _winner(
+    configs: Sequence[_Config], request: str, kind: type[NeuronConfig] | type[UltraServerConfig]
+) -> _Config | None:
+    matching = [c for c in configs if isinstance(c.config, kind) and c.applies_to(request)]
+    return max(matching, key=lambda c: c.precedence, default=None)
+
+
+def _single_value(
+    chosen: Mapping[str, tuple[int, _Config]], *, what: str, claim: str
+) -> int | None:
+    """One value for the claim: the container has one environment, so per-request values
+    must agree (requests without a config follow the configured ones)."""
+    values = {v for v, _ in chosen.values()}
+    if len(values) > 1:
+        detail = ", ".join(f"{v} for request {r}" for r, (v, _) in sorted(chosen.items()))
+        raise ClaimError(
+            f"claim {claim}: conflicting {what} values ({detail}); all devices of a claim "
+            f"share one container environment, so use one {what} value"
+        )
+    return next(iter(values), None)
+
+
+def _device_index(name: str) -> int | None:
+    m = _DEVICE_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def plan_claim(
+    claim: Mapping[str, Any],
+    *,
+    inventory: NodeInventory,
+    published: Mapping[str, Mapping[str, Any]],
+    node_name: str | None = None,
+    driver_name: str = DRIVER_NAME,
+) -> ClaimPlan:
+    """Validate an allocated ResourceClaim (v1 dict) against this node and plan its devices.
+
+    ``published``: this node's devices as in its ResourceSlice (device name -> attributes).
+    ``node_name`` defaults to the inventory's; it is the pool our results must come from.
+    ``status.allocation.devices.config`` already holds class and claim configs in order.
+    """
+    node = node_name or inventory.node_name
+    meta = _dict(claim.get("metadata"))
+    uid, namespace, name = (str(meta.get(k) or "") for k in ("uid", "namespace", "name"))
+    key = f"{namespace}/{name}"
+    if not uid:
+        raise ClaimError(f"claim {key}: metadata.uid missing")
+    allocation = _dict(_dict(_dict(claim.get("status")).get("allocation")).get("devices"))
+    if not allocation:
+        # The kubelet only prepares allocated claims, so our copy is older than its: retry.
+        raise ClaimError(f"claim {key}: not allocated yet", permanent=False)
+
+    by_device: dict[str, list[str]] = {}
+    for result in _list(allocation.get("results")):
+        result = _dict(result)
+        if result.get("driver") != driver_name:
+            continue  # another driver's devices in the same claim
+        pool, device, request = (str(result.get(k) or "") for k in ("pool", "device", "request"))
+        if pool != node:
+            raise ClaimError(
+                f"claim {key}: device {device} was allocated from pool {pool}, but this is "
+                f"node {node}; the claim cannot be prepared here"
+            )
+        by_device.setdefault(device, [])
+        if request not in by_device[device]:
+            by_device[device].append(request)
+    if not by_device:
+        raise ClaimError(f"claim {key}: no devices of driver {driver_name} allocated")
+
+    try:
+        profile = inventory_profile(inventory)
+    except (InventoryError, LookupError) as exc:
+        raise ClaimError(f"claim {key}: {exc}", permanent=False) from None
+
+    indices = _device_indices(key, node, by_device, inventory, published)
+    _check_connected(key, profile, by_device, indices)
+
+    configs = _decode_configs(_list(allocation.get("config")), driver_name=driver_name, claim=key)
+    requests = sorted({r for rs in by_device.values() for r in rs})
+    lnc_by_request: dict[str, tuple[int, _Config]] = {}
+    mode_by_request: dict[str, tuple[int, _Config]] = {}
+    for request in requests:
+        nc = _winner(configs, request, NeuronConfig)
+        if nc is not None:
+            assert isinstance(nc.config, NeuronConfig)
+            lnc_by_request[request] = (nc.config.logical_neuron_core, nc)
+        us = _winner(configs, request, UltraServerConfig)
+        if us is not None:
+            assert isinstance(us.config, UltraServerConfig)
+            mode_by_request[request] = (us.config.ultraserver_mode, us)
+    lnc = _single_value(lnc_by_request, what="logicalNeuronCore", claim=key)
+    mode = _single_value(mode_by_request, what="ultraserverMode", claim=key)
+    if lnc is not None and lnc not in profile.allowed_lnc:
+        allowed = ", ".join(str(v) for v in sorted(profile.allowed_lnc))
+        raise ClaimError(
+            f"claim {key}: logicalNeuronCore {lnc} is not supported on {profile.name} "
+            f"(supported: {allowed}); remove the NeuronConfig or request a Trn2/Trn3 instance"
+        )
+    if mode is not None:
+        _check_ultraserver(key, node, mode, inventory, profile)
+
+    workload_id = _check_workload(key, meta, by_device, indices, published)
+    return ClaimPlan(
+        claim_uid=uid,
+        namespace=namespace,
+        name=name,
+        devices=tuple((tuple(by_device[d]), d) for d in sorted(by_device, key=_device_sort_key)),
+        device_indices=indices,
+        lnc=lnc,
+        ultraserver_mode_nodes=mode,
+        workload_id=workload_id,
+    )
+
+
+def _device_sort_key(name: str) -> tuple[int, int, str]:
+    index = _device_index(name)
+    return (0, index, name) if index is not None else (1, 0, name)
+
+
+def _device_indices(
+    key: str,
+    node: str,
+    by_device: Mapping[str, Sequence[str]],
+    inventory: NodeInventory,
+    published: Mapping[str, Mapping[str, Any]],
+) -> tuple[int, ...]:
+    present = {d.index for d in inventory.devices}
+    indices: set[int] = set()
+    for device in by_device:
+        if device not in published:
+            raise ClaimError(
+                f"claim {key}: device {device} is not published by node {node}; "
+                "delete the claim so that it is allocated again"
+            )
+        if device == NODE_DEVICE_NAME:
+            indices |= present
+            continue
+        index = _device_index(device)
+        if index is None or index not in present:
+            raise ClaimError(
+                f"claim {key}: device {device} is not present on node {node}; "
+                "delete the claim so that it is allocated again"
+            )
+        indices.add(index)
+    if NODE_DEVICE_NAME in by_device and len(by_device) > 1:
+        others = ", ".join(sorted(d for d in by_device if d != NODE_DEVICE_NAME))
+        raise ClaimError(
+            f"claim {key}: {NODE_DEVICE_NAME} (the whole node) and {others} overlap; "
+            f"request either {NODE_DEVICE_NAME} or individual devices"
+        )
+    return tuple(sorted(indices))
+
+
+def _check_connected(
+    key: str,
+    profile: InstanceProfile,
+    by_device: Mapping[str, Sequence[str]],
+    indices: tuple[int, ...],
+) -> None:
+    if NODE_DEVICE_NAME in by_device:
+        # The whole node: always a valid set; a missing device shows up as a gap below.
+        pass
+    else:
+        try:
+            connected = is_connected_set(profile, indices)
+        except ValueError as exc:
+            raise ClaimError(f"claim {key}: {exc}") from None
+        if not connected and len(indices) not in profile.valid_set_sizes:
+            # The scheduler extension's words, which users already know and search for.
+            raise ClaimError(connected_set_error(profile, len(indices)))
+        if not connected:
+            # A supported count in the wrong shape (e.g. four devices that are not a row):
+            # "does not support requests for 4" would be false, so say what is wrong.
+            shown = ", ".join(str(i) for i in indices)
+            raise ClaimError(
+                f"Instance type {profile.name} does not support the device set {shown}: it "
+                f"is not one connected group. Constrain the request with matchAttribute: "
+                f"resource.aws.com/devicegroup{len(indices)}_id."
+            )
+    # The runtime takes NEURON_RT_VISIBLE_CORES only as one increasing contiguous range. A
+    # connected set that wraps around a ring (inf2 devices 11 and 0) or an arbitrary subset on
+    # an all-to-all type would need two ranges, which the runtime refuses at start-up: reject
+    # now with advice instead.
+    if indices and indices[-1] - indices[0] + 1 != len(indices):
+        shown = ", ".join(str(i) for i in indices)
+        raise ClaimError(
+            f"claim {key}: devices {shown} on {profile.name} are not consecutive, so the Neuron "
+            "runtime cannot be given one contiguous NEURON_RT_VISIBLE_CORES range; add a "
+            "matchAttribute constraint on resource.aws.com/devicegroup<N>_id to the request"
+        )
+
+
+def _check_ultraserver(
+    key: str, node: str, mode: int, inventory: NodeInventory, profile: InstanceProfile
+) -> None:
+    counts = ultraserver_node_counts(inventory, profile)
+    if not counts:
+        raise ClaimError(
+            f"claim {key}: UltraServerConfig needs an UltraServer node, but node {node} "
+            f"({profile.name}) is not part of an UltraServer; remove the UltraServerConfig or "
+            "select neuron_node devices of an UltraServer instance type"
+        )
+    if mode not in counts:
+        supported = ", ".join(str(c) for c in counts)
+        raise ClaimError(
+            f"claim {key}: ultraserverMode {mode} is not supported by node {node} "
+            f"(supported node counts: {supported})"
+        )
+    us = inventory.ultraserver
+    if mode > 1:
+        server_id = None if us is None else (us.server_id_4 if mode == 4 else us.server_id_2)
+        node_id = None if us is None else (us.node_id_4 if mode == 4 else us.node_id_2)
+        if server_id is None or node_id is None:
+            # The driver's election is running or has not been done: it usually completes.
+            raise ClaimError(
+                f"claim {key}: node {node} has no {mode}-node UltraServer id yet (election "
+                "not complete)",
+                permanent=False,
+            )
+
+
+def _check_workload(
+    key: str,
+    meta: Mapping[str, Any],
+    by_device: Mapping[str, Sequence[str]],
+    indices: Sequence[int],
+    published: Mapping[str, Mapping[str, Any]],
+) -> str | None:
+    """The workload the claim's devices are reserved for, after checking it is the claim's.
+
+    ``neuronnode`` overlaps every device, so their reservations count too.
+    """
+    claim_workload = _dict(meta.get("labels")).get(LABEL_WORKLOAD_ID)
+    checked = set(by_device)
+    if NODE_DEVICE_NAME in by_device:
+        checked |= {device_name(i) for i in indices}
+    reserved: str | None = None
+    for device in sorted(checked, key=_device_sort_key):
+        tag = _dict(_dict(published.get(device)).get(ATTR_WORKLOAD_ID)).get("string")
+        if tag is None:
+            continue
+        if tag != claim_workload:
+            belongs = f"workload {claim_workload}" if claim_workload else "no workload"
+            raise ClaimError(
+                f"claim {key}: device {device} is reserved for workload {tag}, but the claim "
+                f"belongs to {belongs} (label {LABEL_WORKLOAD_ID}); only that workload's "
+                "claims may use it"
+            )
+        reserved = tag
+    return reserved
