@@ -1,0 +1,58 @@
+"""The kubelet-facing gRPC layer of the kubelet plugin (DESIGN §4, reference/kubelet-dra.md §1-4).
+
+``PluginServer`` serves DRA v1 + v1beta1 (and optionally dra-health v1alpha1) on the DRA
+socket and the registration service on the registration socket, translating between the
+wire and the plain dataclasses of ``model``; the claim work itself is a ``DriverBackend``.
+Generated protobuf code is only touched in ``_proto``.
+"""
+
+from .health import HealthBoard
+from .model import (
+    DEFAULT_BUDGET,
+    DRA_PLUGIN_TYPE,
+    HEALTH_SERVICE,
+    KUBELET_CALL_TIMEOUT,
+    V1_SERVICE,
+    V1BETA1_SERVICE,
+    ClaimRef,
+    DeviceHealthReport,
+    DriverBackend,
+    HealthSource,
+    KubeletAPIError,
+    PluginCallError,
+    PluginInfo,
+    PreparedDevice,
+    PrepareResult,
+    RegistrationRejected,
+    ServerStateError,
+    SocketPathError,
+    UnprepareResult,
+)
+from .registration import RegistrationState
+from .server import PluginServer, socket_paths
+
+__all__ = [
+    "DEFAULT_BUDGET",
+    "DRA_PLUGIN_TYPE",
+    "HEALTH_SERVICE",
+    "KUBELET_CALL_TIMEOUT",
+    "V1BETA1_SERVICE",
+    "V1_SERVICE",
+    "ClaimRef",
+    "DeviceHealthReport",
+    "DriverBackend",
+    "HealthBoard",
+    "HealthSource",
+    "KubeletAPIError",
+    "PluginCallError",
+    "PluginInfo",
+    "PluginServer",
+    "PrepareResult",
+    "PreparedDevice",
+    "RegistrationRejected",
+    "RegistrationState",
+    "ServerStateError",
+    "SocketPathError",
+    "UnprepareResult",
+    "socket_paths",
+]

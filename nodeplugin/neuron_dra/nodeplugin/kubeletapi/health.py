@@ -1,0 +1,116 @@
+"""``v1alpha1.DRAResourceHealth`` stream (reference/kubelet-dra.md §3) and a HealthSource.
+
+The kubelet keeps one ``NodeWatchResources`` stream per plugin and treats every message
+as the complete device list. It marks a device Unknown when it has not been reported for
+its timeout (30 s by default) and clears everything when the stream ends, so we send the
+full list on connect, on every change, and again every ``resend_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from ._proto import Message, watch_response
+from .model import DeviceHealthReport, HealthSource
+
+log = logging.getLogger(__name__)
+
+#: Comfortably below the kubelet's 30 s default health timeout.
+DEFAULT_RESEND_INTERVAL = 10.0
+
+
+class HealthBoard:
+    """In-memory ``HealthSource``: a health monitor writes, streams read.
+
+    Not thread-safe: call it from the event loop that serves the streams.
+    """
+
+    def __init__(self, reports: Iterable[DeviceHealthReport] = ()) -> None:
+        self._reports = {(r.pool_name, r.device_name): r for r in reports}
+        self._generation = 0
+        # Replaced on every change, so one set() wakes exactly the current waiters.
+        self._changed = asyncio.Event()
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def snapshot(self) -> list[DeviceHealthReport]:
+        return list(self._reports.values())
+
+    async def changed(self, since: int) -> None:
+        while self._generation <= since:
+            await self._changed.wait()
+
+    def put(self, report: DeviceHealthReport) -> None:
+        """Add or replace one device's report."""
+        key = (report.pool_name, report.device_name)
+        if self._reports.get(key) != report:
+            self._reports[key] = report
+            self._bump()
+
+    def replace(self, reports: Iterable[DeviceHealthReport]) -> None:
+        """Set the complete list (devices not in it are no longer reported)."""
+        new = {(r.pool_name, r.device_name): r for r in reports}
+        if new != self._reports:
+            self._reports = new
+            self._bump()
+
+    def _bump(self) -> None:
+        self._generation += 1
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+
+class HealthServicer:
+    def __init__(
+        self,
+        source: HealthSource,
+        stopping: asyncio.Event,
+        *,
+        resend_interval: float = DEFAULT_RESEND_INTERVAL,
+    ) -> None:
+        if resend_interval <= 0:
+            raise ValueError(f"resend_interval must be positive, got {resend_interval!r}")
+        self._source = source
+        self._stopping = stopping
+        self._resend_interval = resend_interval
+        self.active_streams = 0
+
+    # Method name fixed by the generated handler table.
+
+    async def NodeWatchResources(self, request: Message, context: Any) -> AsyncIterator[Message]:
+        """Ends (OK) when the server stops; a client cancel cancels this generator."""
+        self.active_streams += 1
+        log.info("health stream opened", extra={"peer": str(context.peer())})
+        try:
+            while not self._stopping.is_set():
+                # Read the number and the list together: nothing can change in between
+                # (no await), so waiting for "newer than generation" cannot miss a change.
+                generation = self._source.generation
+                yield watch_response(self._source.snapshot())
+                await self._next_change(generation)
+        finally:
+            self.active_streams -= 1
+            log.info("health stream closed")
+
+    async def _next_change(self, generation: int) -> None:
+        """Returns on a change, the resend interval, or server stop, whichever is first."""
+        changed = asyncio.ensure_future(self._source.changed(generation))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait(
+                {changed, stopping},
+                timeout=self._resend_interval,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            # Not awaited: awaiting a cancelled helper could swallow a cancellation of
+            # this stream itself (client gone), which must propagate.
+            changed.cancel()
+            stopping.cancel()
+        if changed.done() and not changed.cancelled():
+            changed.result()  # a failing source ends the stream visibly instead of spinning

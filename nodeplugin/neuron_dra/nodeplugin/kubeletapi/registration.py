@@ -1,0 +1,82 @@
+"""``pluginregistration.Registration`` servicer (reference/kubelet-dra.md §2).
+
+The kubelet dials the registration socket when it appears, asks ``GetInfo`` (1 s timeout),
+connects to the endpoint we name, and reports the outcome with
+``NotifyRegistrationStatus``. It may call ``GetInfo`` again later as a liveness check, so
+the answer is precomputed and the handler never waits on anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ._proto import (
+    Message,
+    plugin_info_message,
+    registration_status,
+    registration_status_response,
+)
+from .model import PluginInfo
+
+log = logging.getLogger(__name__)
+
+
+class RegistrationState:
+    """What the kubelet last told us; the readiness probe reads it."""
+
+    def __init__(self) -> None:
+        #: Set while the kubelet considers us registered.
+        self.registered = asyncio.Event()
+        #: The kubelet's error from the last failed registration ("" after a success).
+        self.last_error = ""
+        self.info_requests = 0
+        self.notifications = 0
+
+    def record(self, registered: bool, error: str) -> None:
+        self.notifications += 1
+        if registered:
+            self.last_error = ""
+            self.registered.set()
+        else:
+            # Usually a configuration problem on our side (driver name, endpoint path not
+            # valid on the host, no DRA version the kubelet supports): say so loudly.
+            self.last_error = error or "the kubelet rejected the plugin without a reason"
+            self.registered.clear()
+
+
+class RegistrationServicer:
+    def __init__(self, info: PluginInfo, state: RegistrationState) -> None:
+        self._message = plugin_info_message(info)
+        self._info = info
+        self._state = state
+
+    # Method names are fixed by the generated handler table.
+
+    async def GetInfo(self, request: Message, context: Any) -> Message:
+        self._state.info_requests += 1
+        log.debug("GetInfo", extra={"driver": self._info.name, "endpoint": self._info.endpoint})
+        return self._message
+
+    async def NotifyRegistrationStatus(self, request: Message, context: Any) -> Message:
+        registered, error = registration_status(request)
+        self._state.record(registered, error)
+        if registered:
+            log.info(
+                "registered with the kubelet",
+                extra={"driver": self._info.name, "endpoint": self._info.endpoint},
+            )
+        else:
+            log.error(
+                "the kubelet rejected the plugin: %s",
+                self._state.last_error,
+                extra={
+                    "driver": self._info.name,
+                    "endpoint": self._info.endpoint,
+                    "versions": list(self._info.supported_versions),
+                },
+            )
+        # Always OK: the notification itself was received fine, and an error status would
+        # only make the kubelet log a second, less useful error.
+        return registration_status_response()
