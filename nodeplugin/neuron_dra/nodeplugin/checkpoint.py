@@ -1,0 +1,371 @@
+"""The kubelet plugin's record of prepared claims (DESIGN §4; reference/kubelet-dra.md §4).
+
+Why a checkpoint at all: the kubelet may call NodePrepareResources again for a claim we already
+prepared (its "prepared" flag is not persisted) and NodeUnprepareResources after the claim is
+gone from the API server, possibly to a restarted plugin. Both must be answered from local
+state, so every prepared claim is recorded here before Prepare returns.
+
+On disk (``<plugins dir>/<driver>/checkpoint.json``)::
+
+    {
+      "version": 1,
+      "checksum": "<hex sha256 of the canonical JSON of data>",
+      "data": {
+        "bootId": "<the kernel boot id when the entries were written>",
+        "claims": {
+          "<claim uid>": {
+            "namespace": "...", "name": "...",
+            "devices": [{"requestNames": ["req"], "poolName": "<node>",
+                         "deviceName": "neurondevice3",
+                         "cdiDeviceIds": ["k8s.neuron.aws.com/claim=<uid>-neurondevice3"]}],
+            "deviceIndices": [3],
+            "cdiSpec": {... the CDI spec as written, so it can be rewritten verbatim ...},
+            "preparedAt": "2026-01-01T00:00:00Z"
+          }
+        }
+      }
+    }
+
+Design choices, each from a failure seen in other drivers (reference/anchors.md §6):
+
+* The checksum covers the canonical form (sorted keys, no whitespace) of ``data`` *as read
+  from the file*, not of our model re-serialized: a later version that adds a field still
+  verifies, where hashing a re-marshalled struct made every upgrade look like corruption.
+* A file we cannot trust is moved aside (``checkpoint.json.corrupt-<timestamp>``, kept for
+  diagnosis) and we start empty with a warning the caller turns into a Node Event. Refusing to
+  start would crash-loop the plugin and block every pod on the node.
+* The boot id is stored: after a reboot the CDI specs under ``/var/run`` (tmpfs) are gone and
+  the containers that used the devices are dead, so old entries would only block devices.
+* Writes are atomic (temp file in the same directory, fsync, rename, fsync of the directory):
+  a crash leaves the old or the new checkpoint, never half of one.
+
+Everything except :func:`save`, :func:`load` and :func:`read_boot_id` is pure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION: Final = 1
+CHECKPOINT_FILE: Final = "checkpoint.json"
+DEFAULT_BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+CORRUPT_SUFFIX: Final = ".corrupt-"
+
+
+class CheckpointCorrupt(ValueError):
+    """The file's content cannot be trusted; ``reason`` says why (for the Node Event)."""
+
+
+# --- model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One device as answered to the kubelet (so a repeated Prepare gives the same answer)."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[DeviceRecord, ...]
+    #: Every Neuron device index the claim holds (all of them for ``neuronnode``).
+    device_indices: tuple[int, ...]
+    #: The CDI spec as written: rewritten verbatim if the file disappears while prepared.
+    cdi_spec: Mapping[str, Any]
+    #: RFC 3339 UTC; for humans reading the file.
+    prepared_at: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Immutable: writers build a new one and swap it in after it is on disk."""
+
+    boot_id: str = ""
+    claims: Mapping[str, ClaimEntry] = field(default_factory=lambda: MappingProxyType({}))
+
+    def with_claim(self, entry: ClaimEntry) -> Checkpoint:
+        return replace(self, claims=MappingProxyType({**self.claims, entry.uid: entry}))
+
+    def without_claim(self, uid: str) -> Checkpoint:
+        return replace(
+            self, claims=MappingProxyType({k: v for k, v in self.claims.items() if k != uid})
+        )
+
+
+def find_conflict(
+    checkpoint: Checkpoint, uid: str, indices: Iterable[int]
+) -> tuple[int, ClaimEntry] | None:
+    """The first of ``indices`` already held by a claim other than ``uid`` (and that claim).
+
+    A Neuron device can serve one claim at a time; ``neuronnode`` entries list every index,
+    so a whole-node claim and a single-device claim collide here too.
+    """
+    wanted = sorted(set(indices))
+    for index in wanted:
+        for entry in checkpoint.claims.values():
+            if entry.uid != uid and index in entry.device_indices:
+                return index, entry
+    return None
+
+
+# --- encoding (pure) -----------------------------------------------------------------------
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def checksum(data: Mapping[str, Any]) -> str:
+    return hashlib.sha256(_canonical(data)).hexdigest()
+
+
+def _entry_to_json(entry: ClaimEntry) -> dict[str, Any]:
+    return {
+        "namespace": entry.namespace,
+        "name": entry.name,
+        "devices": [
+            {
+                "requestNames": list(d.request_names),
+                "poolName": d.pool_name,
+                "deviceName": d.device_name,
+                "cdiDeviceIds": list(d.cdi_device_ids),
+            }
+            for d in entry.devices
+        ],
+        "deviceIndices": list(entry.device_indices),
+        "cdiSpec": _plain(entry.cdi_spec),
+        "preparedAt": entry.prepared_at,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Mapping proxies and tuples back to JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def encode(checkpoint: Checkpoint) -> bytes:
+    data = {
+        "bootId": checkpoint.boot_id,
+        "claims": {uid: _entry_to_json(e) for uid, e in sorted(checkpoint.claims.items())},
+    }
+    doc = {"version": CHECKPOINT_VERSION, "checksum": checksum(data), "data": data}
+    return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise CheckpointCorrupt(f"{where}.{key}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if not isinstance(value, list):
+        raise CheckpointCorrupt(f"{where}.{key}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _strs(obj: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    items = _list(obj, key, where)
+    if not all(isinstance(i, str) for i in items):
+        raise CheckpointCorrupt(f"{where}.{key}: expected strings")
+    return tuple(items)
+
+
+def _entry_from_json(uid: str, raw: Any) -> ClaimEntry:
+    where = f"data.claims[{uid}]"
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt(f"{where}: expected an object")
+    devices = []
+    for i, d in enumerate(_list(raw, "devices", where)):
+        dwhere = f"{where}.devices[{i}]"
+        if not isinstance(d, dict):
+            raise CheckpointCorrupt(f"{dwhere}: expected an object")
+        devices.append(
+            DeviceRecord(
+                request_names=_strs(d, "requestNames", dwhere),
+                pool_name=_str(d, "poolName", dwhere),
+                device_name=_str(d, "deviceName", dwhere),
+                cdi_device_ids=_strs(d, "cdiDeviceIds", dwhere),
+            )
+        )
+    indices = _list(raw, "deviceIndices", where)
+    # bool is an int subclass; a true/false here is not an index.
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+        raise CheckpointCorrupt(f"{where}.deviceIndices: expected non-negative integers")
+    spec = raw.get("cdiSpec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+        raise CheckpointCorrupt(f"{where}.cdiSpec: expected a CDI spec object")
+    return ClaimEntry(
+        uid=uid,
+        namespace=_str(raw, "namespace", where),
+        name=_str(raw, "name", where),
+        devices=tuple(devices),
+        device_indices=tuple(sorted(indices)),
+        cdi_spec=spec,
+        prepared_at=_str(raw, "preparedAt", where),
+    )
+
+
+def decode(raw: bytes) -> Checkpoint:
+    """Parse and verify a checkpoint file's bytes; :class:`CheckpointCorrupt` if untrustworthy.
+
+    Unknown fields inside ``data`` are ignored (a newer writer may add some; the checksum
+    still covers them), but an unknown ``version`` is refused: it may change their meaning.
+    """
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointCorrupt(f"not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointCorrupt("not a JSON object")
+    version = doc.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointCorrupt(
+            f"unsupported version {version!r} (this plugin reads version {CHECKPOINT_VERSION})"
+        )
+    data = doc.get("data")
+    if not isinstance(data, dict):
+        raise CheckpointCorrupt("data: expected an object")
+    stored = doc.get("checksum")
+    actual = checksum(data)
+    if stored != actual:
+        raise CheckpointCorrupt(f"checksum mismatch (file says {stored!r}, content is {actual})")
+    claims = data.get("claims")
+    if not isinstance(claims, dict):
+        raise CheckpointCorrupt("data.claims: expected an object")
+    return Checkpoint(
+        boot_id=_str(data, "bootId", "data"),
+        claims=MappingProxyType({uid: _entry_from_json(uid, e) for uid, e in claims.items()}),
+    )
+
+
+# --- files (edge) --------------------------------------------------------------------------
+
+
+def checkpoint_path(plugins_dir: Path, driver_name: str) -> Path:
+    return plugins_dir / driver_name / CHECKPOINT_FILE
+
+
+def read_boot_id(path: Path = DEFAULT_BOOT_ID_PATH) -> str:
+    """The kernel's per-boot random id; "" if unreadable (then reboots cannot be detected)."""
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("cannot read boot id from %s: %s; node reboots will not be detected", path, exc)
+        return ""
+
+
+def save(path: Path, checkpoint: Checkpoint) -> None:
+    """Write atomically and durably: readers and crashes see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode(checkpoint))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    # The rename is only durable once the directory entry is.
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    checkpoint: Checkpoint
+    #: Problems a human should see (corrupt file moved aside): the caller emits Node Events.
+    warnings: tuple[str, ...] = ()
+    #: Expected resets (node rebooted): logged, no Event.
+    notes: tuple[str, ...] = ()
+    #: Where an untrusted file was moved.
+    moved_to: Path | None = None
+    #: Entries dropped because the node rebooted.
+    dropped: tuple[ClaimEntry, ...] = ()
+    #: The in-memory checkpoint differs from the file (new boot id, dropped entries, reset):
+    #: the caller should save it.
+    dirty: bool = False
+
+
+def _aside_path(path: Path, now: datetime) -> Path:
+    stamp = now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    candidate = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{stamp}")
+    n = 1
+    while candidate.exists():  # two resets within a second: keep both files
+        candidate = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{stamp}.{n}")
+        n += 1
+    return candidate
+
+
+def load(path: Path, *, boot_id: str, now: datetime | None = None) -> LoadResult:
+    """Read the checkpoint at ``path`` for the current ``boot_id``. Never raises for content.
+
+    Missing file: empty. Untrustworthy file: moved aside, empty, with a warning. Written in an
+    earlier boot: entries dropped, with a note. OSErrors other than "missing" (permissions,
+    I/O) propagate: they are not the file's fault and moving it would lose state.
+    """
+    now = now or datetime.now(UTC)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return LoadResult(Checkpoint(boot_id=boot_id), dirty=False)
+    try:
+        loaded = decode(raw)
+    except CheckpointCorrupt as exc:
+        aside = _aside_path(path, now)
+        os.replace(path, aside)
+        warning = (
+            f"prepared-claims checkpoint {path} is unusable ({exc}); moved it to {aside.name} "
+            "and started empty. Claims prepared before are not known to this plugin any more: "
+            "pods using them keep running, but a new claim may be given the same devices."
+        )
+        return LoadResult(
+            Checkpoint(boot_id=boot_id), warnings=(warning,), moved_to=aside, dirty=True
+        )
+    if boot_id and loaded.boot_id and loaded.boot_id != boot_id:
+        dropped = tuple(loaded.claims.values())
+        note = (
+            f"node rebooted (boot id {loaded.boot_id} -> {boot_id}): dropped "
+            f"{len(dropped)} prepared claim(s) from the checkpoint; their containers are gone"
+        )
+        return LoadResult(Checkpoint(boot_id=boot_id), notes=(note,), dropped=dropped, dirty=True)
+    if boot_id and loaded.boot_id != boot_id:
+        # Written without a boot id (it was unreadable then): adopt the current one.
+        return LoadResult(replace(loaded, boot_id=boot_id), dirty=True)
+    return LoadResult(loaded)

@@ -1,0 +1,599 @@
+"""Claim preparation against the fake API server, with real CDI and checkpoint files.
+
+Each test builds a trn2.48xlarge node ``trn2-node-0``, creates allocated ResourceClaims in the
+fake API server the way the scheduler leaves them, and drives :class:`Preparer` as the
+kubelet's gRPC layer would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+from neuron_dra.common.k8s.client import KubeClient
+from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.nodeplugin import checkpoint as ckpt
+from neuron_dra.nodeplugin.cdi import UltraServerPeers, spec_file_name, write_cdi_spec
+from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
+from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
+from neuron_dra.nodeplugin.preparer import PrepareLimits, Preparer
+from neuron_dra.nodeplugin.slices import build_resource_slices
+from prometheus_client import CollectorRegistry
+
+NODE = "trn2-node-0"
+DRIVER = "neuron.aws.com"
+KIND = "k8s.neuron.aws.com/claim"
+BOOT = "b00710d0-0000-4000-8000-000000000001"
+
+
+class InstantClock:
+    """Sleeps return at once but advance time and are recorded (retry/budget assertions)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+def trn2_inventory() -> NodeInventory:
+    p = PROFILES["trn2.48xlarge"]
+    return NodeInventory(
+        node_name=NODE,
+        instance_type="trn2.48xlarge",
+        driver_version="2.24.7.0",
+        devices=tuple(
+            NeuronDevice(index=i, dev_path=f"/dev/neuron{i}", core_count=p.cores_per_device)
+            for i in range(p.device_count)
+        ),
+    )
+
+
+def published_for(inv: NodeInventory, *, with_node_device: bool = False) -> dict[str, Any]:
+    slices = build_resource_slices(
+        inv,
+        node_name=NODE,
+        node_uid="node-uid",
+        node_labels={},
+        dra_driver_version="0.1.0",
+        generation=0,
+    )
+    out: dict[str, Any] = {d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]}
+    if with_node_device:
+        # As an UltraServer-capable node publishes it: the whole node as one device.
+        out["neuronnode"] = {"resourceType": {"string": "neuron_node"}}
+    return out
+
+
+def lnc_config(value: Any, *, source: str = "FromClaim") -> dict[str, Any]:
+    return {
+        "source": source,
+        "requests": ["neurons"],
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "neuron.aws.com/v1",
+                "kind": "NeuronConfig",
+                "logicalNeuronCore": value,
+            },
+        },
+    }
+
+
+@dataclass
+class Env:
+    api: FakeAPIServer
+    kube: KubeClient
+    root: Path
+    clock: InstantClock = field(default_factory=InstantClock)
+    inventory: NodeInventory = field(default_factory=trn2_inventory)
+    published: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.published = published_for(self.inventory)
+        self.boot_id_file.write_text(BOOT + "\n")
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.root / "plugins" / DRIVER / "checkpoint.json"
+
+    @property
+    def boot_id_file(self) -> Path:
+        return self.root / "boot_id"
+
+    def spec_path(self, uid: str) -> Path:
+        return self.cdi_root / spec_file_name(uid)
+
+    def preparer(self, **kwargs: Any) -> Preparer:
+        kwargs.setdefault("limits", PrepareLimits(budget=30.0, attempts=5, backoff_base=0.1))
+        kwargs.setdefault("registry", CollectorRegistry())
+        return Preparer(
+            self.kube,
+            node_name=NODE,
+            cdi_root=self.cdi_root,
+            checkpoint_path=self.checkpoint_path,
+            inventory=lambda: self.inventory,
+            published=lambda: self.published,
+            clock=self.clock,
+            boot_id_path=self.boot_id_file,
+            **kwargs,
+        )
+
+    def claim(
+        self,
+        name: str,
+        devices: list[str],
+        *,
+        config: list[dict[str, Any]] | None = None,
+        namespace: str = "default",
+        allocate: bool = True,
+    ) -> ClaimRef:
+        """Create an allocated ResourceClaim like the scheduler leaves it; its ClaimRef."""
+        created = self.api.create(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "neurons",
+                                "exactly": {
+                                    "deviceClassName": "neuron.aws.com",
+                                    "count": len(devices),
+                                },
+                            }
+                        ]
+                    }
+                },
+            }
+        )
+        if allocate:
+            created["status"] = {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "neurons", "driver": DRIVER, "pool": NODE, "device": d}
+                            for d in devices
+                        ],
+                        "config": config or [],
+                    }
+                }
+            }
+            created = self.api.update_status(created)
+        meta = created["metadata"]
+        return ClaimRef(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])
+
+    def events(self, namespace: str = "default") -> list[dict[str, Any]]:
+        return self.api.list("events.k8s.io/v1", "Event", namespace)
+
+    @property
+    def claim_gets(self) -> int:
+        return self.api.request_counts[("get", "resourceclaims")]
+
+
+@pytest_asyncio.fixture
+async def env(
+    fake_apiserver: FakeAPIServer, kube_api_client: client.ApiClient, tmp_path: Path
+) -> AsyncIterator[Env]:
+    yield Env(fake_apiserver, KubeClient(kube_api_client), tmp_path)
+
+
+def metric(p: Preparer, name: str, labels: Mapping[str, str] | None = None) -> float:
+    value = p.metrics.registry.get_sample_value(name, dict(labels or {}))
+    return 0.0 if value is None else value
+
+
+def ok(result: PrepareResult) -> tuple[PreparedDevice, ...]:
+    assert result.error == "", result.error
+    return result.devices
+
+
+def env_of(spec: Mapping[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+
+
+# --- the happy path --------------------------------------------------------------------------
+
+
+async def test_prepare_writes_cdi_spec_and_checkpoint(env: Env) -> None:
+    ref = env.claim("row1", [f"neurondevice{i}" for i in (4, 5, 6, 7)], config=[lnc_config(1)])
+    p = env.preparer()
+    results = await p.prepare([ref])
+    assert set(results) == {ref.uid}
+    devices = ok(results[ref.uid])
+    assert devices == tuple(
+        PreparedDevice(
+            ("neurons",), NODE, f"neurondevice{i}", (f"{KIND}={ref.uid}-neurondevice{i}",)
+        )
+        for i in (4, 5, 6, 7)
+    )
+    spec = json.loads(env.spec_path(ref.uid).read_text())
+    assert spec["kind"] == KIND
+    assert [d["name"] for d in spec["devices"]] == [
+        f"{ref.uid}-neurondevice{i}" for i in range(4, 8)
+    ]
+    assert [d["containerEdits"]["deviceNodes"] for d in spec["devices"]] == [
+        [{"path": f"/dev/neuron{i}"}] for i in range(4, 8)
+    ]
+    # LNC 1 on trn2: 8 logical cores per device, devices 4-7 -> cores 32-63.
+    assert env_of(spec) == {"NEURON_RT_VISIBLE_CORES": "32-63", "NEURON_LOGICAL_NC_CONFIG": "1"}
+
+    on_disk = ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint
+    assert on_disk.boot_id == BOOT
+    entry = on_disk.claims[ref.uid]
+    assert (entry.namespace, entry.name, entry.device_indices) == ("default", "row1", (4, 5, 6, 7))
+    assert entry.cdi_spec == spec
+    assert [d.cdi_device_ids for d in entry.devices] == [d.cdi_device_ids for d in devices]
+    assert metric(p, "neuron_dra_prepared_claims") == 1
+    assert metric(p, "neuron_dra_prepare_seconds_count") == 1
+
+
+async def test_class_config_and_subrequest_names(env: Env) -> None:
+    ref = env.claim("cls", ["neurondevice0"], config=[lnc_config(1, source="FromClass")])
+    devices = ok((await env.preparer().prepare([ref]))[ref.uid])
+    assert devices[0].request_names == ("neurons",)
+    assert env_of(json.loads(env.spec_path(ref.uid).read_text()))["NEURON_RT_VISIBLE_CORES"] == (
+        "0-7"
+    )
+
+
+async def test_repeat_prepare_is_idempotent(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    p = env.preparer()
+    first = await p.prepare([ref])
+    gets = env.claim_gets
+    spec_stat = env.spec_path(ref.uid).stat()
+    ckpt_stat = env.checkpoint_path.stat()
+    second = await p.prepare([ref])
+    assert second == first
+    assert env.claim_gets == gets  # answered from the checkpoint, no API call
+    for path, before in ((env.spec_path(ref.uid), spec_stat), (env.checkpoint_path, ckpt_stat)):
+        after = path.stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+async def test_repeat_prepare_rewrites_a_missing_spec(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice2"])
+    p = env.preparer()
+    first = await p.prepare([ref])
+    content = env.spec_path(ref.uid).read_text()
+    env.spec_path(ref.uid).unlink()
+    assert await p.prepare([ref]) == first
+    assert env.spec_path(ref.uid).read_text() == content
+
+
+async def test_unprepare_removes_spec_and_entry(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    p = env.preparer()
+    ok((await p.prepare([ref]))[ref.uid])
+    results = await p.unprepare([ref])
+    assert results[ref.uid].error == ""
+    assert not env.spec_path(ref.uid).exists()
+    assert ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims == {}
+    assert metric(p, "neuron_dra_prepared_claims") == 0
+    # Repeated (the kubelet retries), even after the claim is gone from the API server.
+    env.api.delete("resource.k8s.io/v1", "ResourceClaim", "c", "default")
+    assert (await p.unprepare([ref]))[ref.uid].error == ""
+
+
+async def test_unprepare_of_unknown_claims_succeeds(env: Env) -> None:
+    p = env.preparer()
+    ghost = ClaimRef("default", "never-prepared", "ghost")
+    # A spec without an entry (crash between the spec write and the checkpoint write).
+    write_cdi_spec(env.cdi_root, {"cdiVersion": "0.5.0", "kind": KIND, "devices": []}, "orphan")
+    orphan = ClaimRef("default", "orphan", "o")
+    results = await p.unprepare([ghost, orphan])
+    assert {uid: r.error for uid, r in results.items()} == {"never-prepared": "", "orphan": ""}
+    assert not env.spec_path("orphan").exists()
+
+
+# --- conflicts -------------------------------------------------------------------------------
+
+
+async def test_second_claim_on_a_prepared_device_fails_naming_the_first(env: Env) -> None:
+    first = env.claim("first", ["neurondevice3"])
+    second = env.claim("second", ["neurondevice3"])
+    p = env.preparer()
+    ok((await p.prepare([first]))[first.uid])
+    result = (await p.prepare([second]))[second.uid]
+    assert result.error == (
+        f"device neurondevice3 is already prepared for ResourceClaim default/first "
+        f"(uid {first.uid}); a Neuron device can serve one claim at a time"
+    )
+    assert not env.spec_path(second.uid).exists()
+    assert set(p.checkpoint.claims) == {first.uid}
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "DeviceInUse"}) == 1
+    [event] = [e for e in env.events() if e["regarding"]["name"] == "second"]
+    assert (event["type"], event["reason"]) == ("Warning", "PrepareFailed")
+    assert event["regarding"]["uid"] == second.uid
+    assert "already prepared for ResourceClaim default/first" in event["note"]
+    # Once the first is unprepared the second can have the device.
+    await p.unprepare([first])
+    ok((await p.prepare([second]))[second.uid])
+
+
+async def test_node_device_conflicts_with_single_devices(env: Env) -> None:
+    env.published = published_for(env.inventory, with_node_device=True)
+    whole = env.claim("whole", ["neuronnode"])
+    single = env.claim("single", ["neurondevice5"])
+    p = env.preparer()
+    devices = ok((await p.prepare([whole]))[whole.uid])
+    assert [d.device_name for d in devices] == ["neuronnode"]
+    spec = json.loads(env.spec_path(whole.uid).read_text())
+    assert len(spec["devices"][0]["containerEdits"]["deviceNodes"]) == 16
+    error = (await p.prepare([single]))[single.uid].error
+    assert error.startswith(
+        f"device neurondevice5 is already prepared for ResourceClaim default/whole "
+        f"(uid {whole.uid}) (through neuronnode)"
+    )
+    # And the other way round.
+    await p.unprepare([whole])
+    ok((await p.prepare([single]))[single.uid])
+    error = (await p.prepare([whole]))[whole.uid].error
+    assert "device neurondevice5 is already prepared for ResourceClaim default/single" in error
+
+
+async def test_racing_claims_for_one_device_cannot_both_win(env: Env) -> None:
+    refs = [env.claim(f"racer{i}", ["neurondevice9"]) for i in range(4)]
+    p = env.preparer()
+    results = await p.prepare(refs)
+    winners = [uid for uid, r in results.items() if not r.error]
+    assert len(winners) == 1
+    assert set(p.checkpoint.claims) == set(winners)
+    assert {f for f in os.listdir(env.cdi_root)} == {spec_file_name(winners[0])}
+
+
+# --- per-claim failures ----------------------------------------------------------------------
+
+
+async def test_bad_config_fails_only_its_claim(env: Env) -> None:
+    bad = env.claim("bad", ["neurondevice0"], config=[lnc_config(3)])
+    good = env.claim("good", ["neurondevice1"], config=[lnc_config(2)])
+    p = env.preparer()
+    results = await p.prepare([bad, good])
+    assert "claim default/bad: invalid claim config #0 for driver neuron.aws.com" in (
+        results[bad.uid].error
+    )
+    assert results[bad.uid].devices == ()
+    ok(results[good.uid])
+    assert set(p.checkpoint.claims) == {good.uid}
+    assert not env.spec_path(bad.uid).exists()
+    [event] = env.events()
+    assert event["regarding"]["name"] == "bad" and event["reason"] == "PrepareFailed"
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "InvalidClaim"}) == 1
+    # The kubelet retries: the same failure does not add a second Event.
+    await p.prepare([bad])
+    assert len(env.events()) == 1
+
+
+async def test_uid_mismatch_is_stale(env: Env) -> None:
+    ref = env.claim("recreated", ["neurondevice0"])
+    stale = ClaimRef(ref.namespace, "0ld-uid", ref.name)
+    error = (await env.preparer().prepare([stale]))[stale.uid].error
+    assert "ResourceClaim default/recreated" in error
+    assert ref.uid in error and "0ld-uid" in error and "stale" in error
+
+
+async def test_claim_not_found(env: Env) -> None:
+    ghost = ClaimRef("default", "ghost-uid", "ghost")
+    p = env.preparer()
+    assert (await p.prepare([ghost]))["ghost-uid"].error == "ResourceClaim default/ghost not found"
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "NotFound"}) == 1
+
+
+async def test_unallocated_claim(env: Env) -> None:
+    ref = env.claim("pending", ["neurondevice0"], allocate=False)
+    error = (await env.preparer().prepare([ref]))[ref.uid].error
+    assert error == "ResourceClaim default/pending is not allocated"
+
+
+async def test_operator_topology_reaches_the_spec(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    peers = UltraServerPeers(
+        ultraserver_index=0, topology_size=1, node_index=0, leader_host="10.0.0.1"
+    )
+    await env.preparer(topology=lambda plan: peers).prepare([ref])
+    spec_env = env_of(json.loads(env.spec_path(ref.uid).read_text()))
+    assert spec_env["NEURON_GLOBAL_TOPOID"] == "0"
+    assert spec_env["NEURON_GLOBAL_TOPOID0_HOST"] == "10.0.0.1"
+
+
+# --- API server trouble ----------------------------------------------------------------------
+
+
+async def test_transient_errors_are_retried(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    env.api.faults.fail_next(2, 500, verb="get", resource="resourceclaims")
+    env.api.faults.fail_next(1, 429, verb="get", resource="resourceclaims")
+    p = env.preparer()
+    ok((await p.prepare([ref]))[ref.uid])
+    assert env.api.faults.pending_rules == 0
+    assert len(env.clock.sleeps) == 3
+    assert env.clock.sleeps[2] >= 1.0  # the 429's Retry-After is honoured
+
+
+async def test_budget_exhaustion_gives_per_claim_errors(env: Env) -> None:
+    refs = [env.claim("a", ["neurondevice0"]), env.claim("b", ["neurondevice1"])]
+    env.api.faults.fail_next(1000, 503, verb="get", resource="resourceclaims")
+    p = env.preparer(limits=PrepareLimits(budget=3.0, attempts=50, backoff_base=0.5))
+    started = env.clock.now()
+    results = await p.prepare(refs)
+    for ref in refs:
+        assert f"cannot read ResourceClaim default/{ref.name} within the prepare budget" in (
+            results[ref.uid].error
+        )
+    assert env.clock.now() - started <= 3.0  # never sleeps past the budget
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "APIUnavailable"}) == 2
+    assert p.checkpoint.claims == {}
+
+
+async def test_attempt_limit(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    env.api.faults.fail_next(2, 500, verb="get", resource="resourceclaims")
+    p = env.preparer(limits=PrepareLimits(budget=30.0, attempts=2, backoff_base=0.1))
+    assert "2 attempts" in (await p.prepare([ref]))[ref.uid].error
+    assert len(env.clock.sleeps) == 1
+    ok((await p.prepare([ref]))[ref.uid])  # the kubelet's retry works once the API recovers
+
+
+async def test_permanent_api_errors_are_not_retried(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    env.api.faults.fail_next(1, 403, verb="get", resource="resourceclaims")
+    error = (await env.preparer().prepare([ref]))[ref.uid].error
+    assert error.startswith("cannot read ResourceClaim default/c:")
+    assert env.clock.sleeps == []
+
+
+# --- restarts --------------------------------------------------------------------------------
+
+
+async def test_restart_recovers_specs_and_removes_orphans(env: Env) -> None:
+    a = env.claim("a", ["neurondevice0"])
+    b = env.claim("b", ["neurondevice1"])
+    first = env.preparer()
+    answers = await first.prepare([a, b])
+    spec_a = env.spec_path(a.uid).read_text()
+    # While the plugin is down: a's spec vanishes, and a crash left an orphan spec plus a
+    # temp file of an interrupted write.
+    env.spec_path(a.uid).unlink()
+    write_cdi_spec(env.cdi_root, {"cdiVersion": "0.5.0", "kind": KIND, "devices": []}, "orphan")
+    tmp = env.cdi_root / f".{spec_file_name('x')}.abc.tmp"
+    tmp.write_text("{")
+
+    second = env.preparer()
+    await second.start()
+    assert env.spec_path(a.uid).read_text() == spec_a
+    assert not env.spec_path("orphan").exists()
+    assert not tmp.exists()
+    assert set(second.checkpoint.claims) == {a.uid, b.uid}
+    assert metric(second, "neuron_dra_prepared_claims") == 2
+    # After a kubelet restart it asks again: same answer, from the checkpoint.
+    gets = env.claim_gets
+    assert await second.prepare([a, b]) == answers
+    assert env.claim_gets == gets
+
+
+async def test_reboot_drops_prepared_claims(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    await env.preparer().prepare([ref])
+    env.boot_id_file.write_text("another-boot\n")
+    after = env.preparer()
+    await after.start()
+    assert after.checkpoint.claims == {}
+    assert not env.spec_path(ref.uid).exists()  # its spec would point at a dead container
+    on_disk = ckpt.load(env.checkpoint_path, boot_id="another-boot")
+    assert on_disk.checkpoint.claims == {} and not on_disk.dirty
+    assert env.events() == []  # expected after a reboot: logged, not a warning Event
+    gets = env.claim_gets
+    ok((await after.prepare([ref]))[ref.uid])  # prepared afresh
+    assert env.claim_gets == gets + 1
+
+
+async def test_corrupt_checkpoint_is_moved_aside_with_a_node_event(env: Env) -> None:
+    node = env.api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    env.checkpoint_path.parent.mkdir(parents=True)
+    env.checkpoint_path.write_text('{"version": 1, "checksum": "0", "data": {')
+    p = env.preparer()
+    ref = env.claim("c", ["neurondevice0"])
+    ok((await p.prepare([ref]))[ref.uid])  # starts (never crash-loops) and works
+    aside = [n for n in os.listdir(env.checkpoint_path.parent) if ".corrupt-" in n]
+    assert len(aside) == 1
+    [event] = env.events()
+    assert (event["type"], event["reason"]) == ("Warning", "CheckpointReset")
+    assert event["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": NODE,
+        "uid": node["metadata"]["uid"],
+    }
+    assert aside[0] in event["note"]
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {ref.uid}
+
+
+async def test_tampered_checkpoint_is_not_trusted(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"])
+    await env.preparer().prepare([ref])
+    doc = json.loads(env.checkpoint_path.read_text())
+    doc["data"]["claims"][ref.uid]["deviceIndices"] = [15]
+    env.checkpoint_path.write_text(json.dumps(doc))
+    p = env.preparer()
+    await p.start()
+    assert p.checkpoint.claims == {}
+    assert "checksum mismatch" in env.events()[0]["note"]
+    # Its spec is no longer backed by an entry: swept like any orphan.
+    assert not env.spec_path(ref.uid).exists()
+
+
+@pytest.mark.parametrize("ref_first", [True, False])
+async def test_one_preparer_many_batches(env: Env, ref_first: bool) -> None:
+    """Concurrent kubelet calls (different pods) on disjoint devices all succeed."""
+    refs = [env.claim(f"c{i}", [f"neurondevice{i}"]) for i in range(8)]
+    p = env.preparer()
+    if ref_first:
+        await p.start()
+    batches = await asyncio.gather(*(p.prepare([r]) for r in refs))
+    for ref, batch in zip(refs, batches, strict=True):
+        ok(batch[ref.uid])
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {
+        r.uid for r in refs
+    }
+
+
+async def test_cancelled_prepare_keeps_memory_and_disk_in_step(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gRPC layer cancels calls at its deadline; a checkpoint save already running in its
+    thread completes on disk, so it must complete in memory too."""
+    ref = env.claim("slow", ["neurondevice0"])
+    p = env.preparer()
+    await p.start()
+    loop = asyncio.get_running_loop()
+    saving = asyncio.Event()
+    release = threading.Event()
+    real_save = ckpt.save
+
+    def slow_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        loop.call_soon_threadsafe(saving.set)
+        release.wait(10)
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", slow_save)
+    call = asyncio.create_task(p.prepare([ref]))
+    await saving.wait()
+    call.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await p.drain()
+    assert set(p.checkpoint.claims) == {ref.uid}
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {ref.uid}
+    assert env.spec_path(ref.uid).exists()
+    gets = env.claim_gets
+    ok((await p.prepare([ref]))[ref.uid])  # the kubelet's retry: answered from the checkpoint
+    assert env.claim_gets == gets
