@@ -1,19 +1,23 @@
 """``neuron-dra-kubelet-plugin`` entry point.
 
 The flags (each also read from the environment variable named in its help)
-are the contract of the DaemonSet (issue #3). Discovery and the gRPC servers
-are not in this release yet, so the process refuses to start instead of
-registering a plugin that cannot prepare claims.
+are the contract of the DaemonSet; ``KubeletPlugin`` does the work.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from neuron_dra.common.logsetup import add_logging_flags
+from neuron_dra.common.k8s.client import connect
+from neuron_dra.common.k8s.errors import PermanentError
+from neuron_dra.common.logsetup import add_logging_flags, setup_logging
+from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -50,19 +54,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--emulated-ultraserver-id", default=_env("EMULATED_ULTRASERVER_ID"))
     p.add_argument("--emulated-ultraserver-node-id", default=_env("EMULATED_ULTRASERVER_NODE_ID"))
-    p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8081") or 8081))
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=int(_env("HTTP_PORT", "8081") or 8081),
+        help="healthz/readyz/metrics port; 0 picks a free one and prints it (env HTTP_PORT)",
+    )
     add_logging_flags(p)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print(
-        "neuron-dra-kubelet-plugin: device discovery and the kubelet gRPC servers are not part "
-        "of this build yet (tracked in issue #3); refusing to start.",
-        file=sys.stderr,
+def config_from_args(args: argparse.Namespace) -> PluginConfig:
+    if not args.node_name:
+        raise SystemExit("neuron-dra-kubelet-plugin: --node-name (or NODE_NAME) is required")
+    node_id = args.emulated_ultraserver_node_id
+    return PluginConfig(
+        node_name=args.node_name,
+        pod_uid=args.pod_uid or None,
+        cdi_root=Path(args.cdi_root),
+        registrar_dir=Path(args.kubelet_registrar_directory_path),
+        plugins_dir=Path(args.kubelet_plugins_directory_path),
+        sysfs_root=Path(args.sysfs_root),
+        dev_root=Path(args.dev_root),
+        emulation_mode=args.emulation_mode or None,
+        emulated_ultraserver_id=args.emulated_ultraserver_id or None,
+        emulated_ultraserver_node_id=int(node_id) if node_id not in (None, "") else None,
+        http_port=args.http_port,
     )
-    return 2
+
+
+async def run(config: PluginConfig, kubeconfig: str | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with await connect(kubeconfig) as kube:
+        plugin = KubeletPlugin(config, kube)
+        try:
+            await plugin.start()
+            print(f"neuron-dra-kubelet-plugin: http port {plugin.http.port}", flush=True)
+            await stop.wait()
+        finally:
+            await plugin.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbosity, args.logging_format)
+    try:
+        return asyncio.run(run(config_from_args(args), args.kubeconfig or None))
+    except PermanentError as exc:
+        print(f"neuron-dra-kubelet-plugin: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

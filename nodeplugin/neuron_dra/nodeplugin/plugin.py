@@ -1,0 +1,281 @@
+"""The kubelet plugin process: discovery, slice publishing, claim preparation, sockets.
+
+``KubeletPlugin`` wires the parts together and owns their lifecycle; each part is its own
+module and is tested on its own. Start-up order matters to the kubelet:
+
+1. discover devices (emulated tree or the host's sysfs/dev) so that nothing is published or
+   served before we know what this node has;
+2. recover prepared claims from the checkpoint (CDI specs of running pods must exist before
+   the kubelet talks to us again);
+3. publish the ResourceSlice and the Node labels (the publisher keeps them published);
+4. serve the DRA socket, and only then create the registration socket (``PluginServer``);
+5. serve ``/healthz``, ``/readyz`` (registered and slice published) and ``/metrics``.
+
+Stop runs the other way round; the registration socket goes first so the kubelet stops
+sending work before the DRA server drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from neuron_dra.common.constants import DRIVER_NAME
+from neuron_dra.common.httpserver import HttpServer
+from neuron_dra.common.k8s.client import NODES, KubeClient
+from neuron_dra.common.k8s.errors import NotFoundError
+from neuron_dra.nodeplugin.discovery.emulation import (
+    EmulatedPaths,
+    scan_emulated,
+    write_emulated_tree,
+)
+from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.discovery.udev import scan_udev
+from neuron_dra.nodeplugin.kubeletapi import DeviceHealthReport, HealthBoard, PluginServer
+from neuron_dra.nodeplugin.preparer import Preparer
+from neuron_dra.nodeplugin.publisher import NodeLabeller, PublisherMetrics, SlicePublisher
+from prometheus_client import CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+#: How often discovery runs again: device health, a finished UltraServer election, a new
+#: driver version. Hot-plug of Neuron devices does not happen on these instances, so polling
+#: is simpler and more portable than udev monitoring (reference/python-eco.md §6).
+DEFAULT_RESCAN_INTERVAL = 30.0
+
+
+def dra_driver_version() -> str:
+    """Our version as strict semver (the ``draDriverVersion`` attribute must be semver)."""
+    try:
+        raw = metadata.version("neuron-dra")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+    core = raw.split("+", 1)[0]
+    parts = [p for p in core.split(".")[:3] if p.isdigit()]
+    while len(parts) < 3:
+        parts.append("0")
+    return ".".join(str(int(p)) for p in parts)
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    node_name: str
+    cdi_root: Path
+    registrar_dir: Path
+    plugins_dir: Path
+    pod_uid: str | None = None
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    #: The host's /opt (node-wide LNC file); None skips it.
+    opt_root: Path | None = Path("/opt")
+    emulation_mode: str | None = None
+    emulated_ultraserver_id: str | None = None
+    emulated_ultraserver_node_id: int | None = None
+    #: Where an emulated tree is written (default: under the plugin's data dir).
+    emulation_root: Path | None = None
+    http_host: str = "0.0.0.0"
+    http_port: int = 8081
+    rescan_interval: float = DEFAULT_RESCAN_INTERVAL
+    driver_name: str = DRIVER_NAME
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+
+    @property
+    def data_dir(self) -> Path:
+        return self.plugins_dir / self.driver_name
+
+
+class KubeletPlugin:
+    """One node's Neuron DRA kubelet plugin."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        kube: KubeClient,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.inventory: NodeInventory | None = None
+        self._node_labels: dict[str, str] = {}
+        self._emulated: EmulatedPaths | None = None
+        self.health = HealthBoard()
+        publisher_metrics = PublisherMetrics(self.registry)
+        self.publisher = SlicePublisher(
+            kube,
+            node_name=config.node_name,
+            dra_driver_version=dra_driver_version(),
+            inventory=lambda: self.inventory,
+            driver_name=config.driver_name,
+            metrics=publisher_metrics,
+        )
+        self.labeller = NodeLabeller(
+            kube,
+            node_name=config.node_name,
+            inventory=lambda: self.inventory,
+            metrics=publisher_metrics,
+        )
+        self.preparer = Preparer(
+            kube,
+            node_name=config.node_name,
+            cdi_root=config.cdi_root,
+            checkpoint_path=config.data_dir / "checkpoint.json",
+            inventory=self._require_inventory,
+            published=self.publisher.published_devices,
+            driver_name=config.driver_name,
+            registry=self.registry,
+            boot_id_path=config.boot_id_path,
+        )
+        self.server = PluginServer(
+            driver_name=config.driver_name,
+            plugins_dir=config.plugins_dir,
+            registrar_dir=config.registrar_dir,
+            backend=self.preparer,
+            pod_uid=config.pod_uid,
+            health_source=self.health,
+        )
+        self.http = HttpServer(registry=self.registry)
+        self.http.add_liveness("grpc", self._serving_check)
+        self.http.add_readiness("registered", self._registered_check)
+        self.http.add_readiness("resourceslice", self.publisher.readiness_check)
+        self._rescan_task: asyncio.Task[None] | None = None
+        self._started = False
+
+    # -- discovery ------------------------------------------------------------------------
+
+    def _require_inventory(self) -> NodeInventory:
+        if self.inventory is None:
+            raise RuntimeError("device discovery has not completed yet")
+        return self.inventory
+
+    async def _read_node_labels(self) -> dict[str, str]:
+        try:
+            node = await self.kube.resource(NODES).get(self.config.node_name)
+        except NotFoundError:
+            log.warning(
+                "Node %s not found; instance type must come from DMI", self.config.node_name
+            )
+            return {}
+        return dict((node.get("metadata") or {}).get("labels") or {})
+
+    def _emulate(self) -> EmulatedPaths:
+        cfg = self.config
+        assert cfg.emulation_mode is not None
+        root = cfg.emulation_root or (cfg.data_dir / "emulated" / cfg.node_name)
+        return write_emulated_tree(
+            root,
+            cfg.emulation_mode,
+            node_name=cfg.node_name,
+            ultraserver_id=cfg.emulated_ultraserver_id,
+            ultraserver_node_id=cfg.emulated_ultraserver_node_id,
+        )
+
+    def _scan(self) -> NodeInventory:
+        cfg = self.config
+        if self._emulated is not None:
+            return scan_emulated(
+                self._emulated, node_name=cfg.node_name, node_labels=self._node_labels
+            )
+        return scan_udev(
+            cfg.sysfs_root,
+            cfg.dev_root,
+            node_name=cfg.node_name,
+            node_labels=self._node_labels,
+            opt_root=cfg.opt_root,
+        )
+
+    async def discover(self) -> bool:
+        """Scan once; returns True when the inventory changed. Never raises on bad sysfs."""
+        inventory = await asyncio.to_thread(self._scan)
+        for problem in inventory.problems:
+            log.warning("discovery: %s", problem, extra={"node": self.config.node_name})
+        changed = inventory != self.inventory
+        self.inventory = inventory
+        if changed:
+            self.health.replace(
+                DeviceHealthReport(
+                    pool_name=self.config.node_name,
+                    device_name=f"neurondevice{d.index}",
+                    healthy=d.healthy,
+                    last_updated=int(time.time()),
+                )
+                for d in inventory.devices
+            )
+            log.info(
+                "discovered %d Neuron devices (%s, driver %s)",
+                len(inventory.devices),
+                inventory.instance_type,
+                inventory.driver_version,
+                extra={"node": self.config.node_name},
+            )
+        return changed
+
+    async def _rescan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.rescan_interval)
+            try:
+                if await self.discover():
+                    self.publisher.request_sync()
+                    self.labeller.request_sync()
+            except Exception:  # a bad scan must not stop the plugin; the next one may work
+                log.exception("rescan failed")
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _serving_check(self) -> tuple[bool, str]:
+        # Liveness: both sockets must still exist while we run; if someone removed them the
+        # kubelet can no longer reach us and a restart is the cure.
+        if not self._started:
+            return True, "starting"
+        for sock in (self.server.dra_socket, self.server.registration_socket):
+            if not sock.exists():
+                return False, f"socket {sock} is gone"
+        return True, "ok"
+
+    def _registered_check(self) -> tuple[bool, str]:
+        if self.server.registered.is_set():
+            return True, "registered with the kubelet"
+        return False, "waiting for the kubelet to register the plugin"
+
+    async def start(self) -> None:
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg.cdi_root.mkdir(parents=True, exist_ok=True)
+        self._node_labels = await self._read_node_labels()
+        if cfg.emulation_mode:
+            self._emulated = await asyncio.to_thread(self._emulate)
+            log.info("emulating %s at %s", cfg.emulation_mode, self._emulated.sysfs_root)
+        await self.discover()
+        await self.preparer.start()
+        self.labeller.watch_node(self.publisher.node_reflector)
+        self.publisher.start()
+        self.labeller.start()
+        await self.server.start()
+        await self.http.start(cfg.http_host, cfg.http_port)
+        self._rescan_task = asyncio.create_task(self._rescan_loop(), name="rescan")
+        self._started = True
+        log.info(
+            "kubelet plugin serving: dra=%s registration=%s http=%d",
+            self.server.dra_socket,
+            self.server.registration_socket,
+            self.http.port,
+        )
+
+    async def stop(self) -> None:
+        if self._rescan_task is not None:
+            self._rescan_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rescan_task
+        # Registration socket first (PluginServer.stop does), so the kubelet stops sending.
+        with contextlib.suppress(Exception):
+            await self.server.stop(grace=5.0)
+        await self.labeller.stop()
+        await self.publisher.stop()
+        await self.http.stop()
+        self._started = False
