@@ -98,15 +98,27 @@ async def test_stale_resource_version_conflicts(kube_api_client: client.ApiClien
         'Operation cannot be fulfilled on leases.coordination.k8s.io "lock": the object has '
         "been modified; please apply your changes to the latest version and try again"
     )
-    # An empty resourceVersion is an unconditional update.
+    # Leases do not allow unconditional updates (leaseStrategy.AllowUnconditionalUpdate is
+    # false): a PUT without a resourceVersion is invalid, not a blind overwrite.
     lease.metadata.resource_version = None
-    forced = await coord.replace_namespaced_lease("lock", "default", lease)
-    assert forced.spec.holder_identity == "c"
-
-    # A missing object is 404, not create-on-update.
-    lease.metadata.name = "other"
     with pytest.raises(ApiException) as ei:
-        await coord.replace_namespaced_lease("other", "default", lease)
+        await coord.replace_namespaced_lease("lock", "default", lease)
+    assert ei.value.status == 422
+    assert _body(ei.value)["message"] == (
+        'leases.coordination.k8s.io "lock" is invalid: metadata.resourceVersion: '
+        "Invalid value: 0: must be specified for an update"
+    )
+
+    # ...but they do allow create-on-update: a PUT of a missing lease creates it.
+    lease.metadata.name = "other"
+    made = await coord.replace_namespaced_lease("other", "default", lease)
+    assert made.metadata.uid and made.spec.holder_identity == "c"
+
+    # A kind without create-on-update answers 404.
+    cm = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="nope"))
+    with pytest.raises(ApiException) as ei:
+        await client.CoreV1Api(kube_api_client).replace_namespaced_config_map(
+            "nope", "default", cm)
     assert ei.value.status == 404
 
 

@@ -310,20 +310,49 @@ def apply_merge(current: Any, applied: Any, field: str = "") -> Any:
 
 
 class ApplyConflict(PatchError):
+    """Conflicting field ownership, worded like structured-merge-diff's conflict errors."""
+
     def __init__(self, conflicts: list[tuple[str, FieldPath]]) -> None:
-        lines = [f'conflict with "{m}": {_dotted(p)}' for m, p in conflicts]
         n = len(conflicts)
-        super().__init__(
-            f"Apply failed with {n} conflict{'s' if n != 1 else ''}: " + "\n".join(lines), 409
-        )
+        if n == 1:
+            manager, path = conflicts[0]
+            message = f"Apply failed with 1 conflict: conflict with {json.dumps(manager)}: " + (
+                dotted_path(path))
+        else:
+            by_manager: dict[str, list[FieldPath]] = {}
+            for manager, path in conflicts:
+                by_manager.setdefault(manager, []).append(path)
+            lines: list[str] = []
+            for manager in sorted(by_manager):
+                lines.append(f"conflicts with {json.dumps(manager)}:")
+                lines.extend(f"- {dotted_path(p)}" for p in by_manager[manager])
+            message = f"Apply failed with {n} conflicts: " + "\n".join(lines)
+        super().__init__(message, 409)
         self.conflicts = conflicts
 
+    def causes(self) -> list[JSON]:
+        """``details.causes`` of the 409: one FieldManagerConflict per conflicting field."""
+        return [{"reason": "FieldManagerConflict",
+                 "message": f"conflict with {json.dumps(manager)}",
+                 "field": dotted_path(path)} for manager, path in self.conflicts]
 
-def _dotted(path: FieldPath) -> str:
+
+def dotted_path(path: FieldPath) -> str:
+    """A managed-fields path the way fieldpath.Path prints it: ``.spec.containers[name="c"]``,
+    ``.metadata.finalizers[="x"]``."""
     out = ""
     for seg in path:
         kind, _, rest = seg.partition(":")
-        out += f".{rest}" if kind == "f" else f"[{rest}]"
+        if kind == "f":
+            out += f".{rest}"
+        elif kind == "k":
+            keys = json.loads(rest)
+            out += "[" + ",".join(f"{k}={json.dumps(v, separators=(',', ':'))}"
+                                  for k, v in sorted(keys.items())) + "]"
+        elif kind == "v":
+            out += f"[={rest}]"
+        else:
+            out += f"[{rest}]"
     return out
 
 

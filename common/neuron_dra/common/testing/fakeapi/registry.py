@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kubernetes_asyncio import client as k8s_models
+
 # Verbs as kube-apiserver advertises them in APIResourceList; kubectl refuses
 # e.g. `kubectl delete` when "delete" is missing, so advertise what we serve.
 ALL_VERBS = (
@@ -119,6 +121,14 @@ class ResourceType:
     status_on_create: str | Callable[[], dict[str, Any]] = "keep"
     # Storage is shared by all versions of one group/resource.
     verbs: tuple[str, ...] = ALL_VERBS
+    # The strategy's AllowUnconditionalUpdate: False means a PUT must carry
+    # metadata.resourceVersion (leases, CRDs and custom resources), else 422.
+    unconditional_update: bool = True
+    # The strategy's AllowCreateOnUpdate: a PUT of a missing object creates it (201).
+    create_on_update: bool = False
+    # The kubernetes_asyncio model of a built-in kind: its field table is the schema that
+    # unknown fields are pruned against (what decoding into the Go struct does).
+    model: str = ""
 
     def __post_init__(self) -> None:
         if not self.singular:
@@ -325,14 +335,14 @@ def builtin_types() -> list[ResourceType]:
     st = frozenset({"status"})
     return [
         ResourceType(
-            "", "v1", "namespaces", "Namespace", False,
+            "", "v1", "namespaces", "Namespace", False, model="V1Namespace",
             short_names=("ns",), subresources=st,
             field_selectors=frozenset({"status.phase"}),
             printer_columns=(_col("Status", ".status.phase"), AGE),
             status_on_create=lambda: {"phase": "Active"},
         ),
         ResourceType(
-            "", "v1", "nodes", "Node", False,
+            "", "v1", "nodes", "Node", False, model="V1Node",
             short_names=("no",), subresources=st,
             field_selectors=frozenset({"spec.unschedulable"}),
             printer_columns=(
@@ -342,7 +352,7 @@ def builtin_types() -> list[ResourceType]:
             ),
         ),
         ResourceType(
-            "", "v1", "pods", "Pod", True,
+            "", "v1", "pods", "Pod", True, model="V1Pod",
             short_names=("po",), categories=("all",),
             subresources=frozenset({"status", "binding"}),
             field_selectors=POD_FIELDS,
@@ -356,8 +366,8 @@ def builtin_types() -> list[ResourceType]:
             status_on_create=lambda: {"phase": "Pending", "qosClass": "BestEffort"},
         ),
         ResourceType(
-            "", "v1", "events", "Event", True,
-            short_names=("ev",), field_selectors=EVENT_FIELDS,
+            "", "v1", "events", "Event", True, model="CoreV1Event",
+            short_names=("ev",), field_selectors=EVENT_FIELDS, create_on_update=True,
             printer_columns=(
                 _col("Type", ".type"),
                 _col("Reason", ".reason"),
@@ -367,21 +377,22 @@ def builtin_types() -> list[ResourceType]:
             ),
         ),
         ResourceType(
-            "", "v1", "configmaps", "ConfigMap", True, short_names=("cm",),
+            "", "v1", "configmaps", "ConfigMap", True, short_names=("cm",), model="V1ConfigMap",
             printer_columns=(AGE,),
         ),
         ResourceType(
-            "", "v1", "secrets", "Secret", True,
+            "", "v1", "secrets", "Secret", True, model="V1Secret",
             field_selectors=frozenset({"type"}),
             printer_columns=(_col("Type", ".type"), AGE),
         ),
         ResourceType(
             "", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",),
+            model="V1ServiceAccount",
             printer_columns=(AGE,),
         ),
         ResourceType(
-            "events.k8s.io", "v1", "events", "Event", True,
-            short_names=("ev",),
+            "events.k8s.io", "v1", "events", "Event", True, model="EventsV1Event",
+            short_names=("ev",), create_on_update=True,
             field_selectors=frozenset(
                 {"reason", "type", "reportingController", "regarding.kind", "regarding.name",
                  "regarding.namespace", "regarding.uid"}
@@ -389,11 +400,13 @@ def builtin_types() -> list[ResourceType]:
             printer_columns=(_col("Reason", ".reason"), _col("Note", ".note"), AGE),
         ),
         ResourceType(
-            "coordination.k8s.io", "v1", "leases", "Lease", True,
+            "coordination.k8s.io", "v1", "leases", "Lease", True, model="V1Lease",
             printer_columns=(_col("Holder", ".spec.holderIdentity"), AGE),
+            unconditional_update=False, create_on_update=True,
         ),
         ResourceType(
             "resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
+            model="V1ResourceSlice",
             field_selectors=frozenset({"spec.nodeName", "spec.driver"}),
             printer_columns=(
                 _col("Node", ".spec.nodeName"),
@@ -404,24 +417,143 @@ def builtin_types() -> list[ResourceType]:
         ),
         ResourceType(
             "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True,
+            model="ResourceV1ResourceClaim",
             subresources=st, status_on_create="drop",
             printer_columns=(_fn("State", _claim_state), AGE),
         ),
         ResourceType(
             "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
+            model="V1ResourceClaimTemplate",
             printer_columns=(AGE,),
         ),
         ResourceType(
             "resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False,
+            model="V1DeviceClass",
             printer_columns=(AGE,),
         ),
         ResourceType(
             "apiextensions.k8s.io", "v1", "customresourcedefinitions",
             "CustomResourceDefinition", False,
             short_names=("crd", "crds"), categories=("api-extensions",), subresources=st,
+            unconditional_update=False,
             printer_columns=(_col("Created At", ".metadata.creationTimestamp"),),
         ),
     ]
+
+
+# --------------------------------------------------------------------------- unknown fields
+
+# Fields kubernetes_asyncio's models (Kubernetes 1.36 OpenAPI) have that a 1.34 server does
+# not know, and so drops: per model, by JSON name.
+_NEWER_THAN_SERVED: dict[str, frozenset[str]] = {
+    "V1DeviceAttribute": frozenset({"bools", "ints", "strings", "versions"}),
+    "V1Device": frozenset({"nodeAllocatableResourceMappings"}),
+}
+_LEAF_TYPES = frozenset({"str", "int", "bool", "float", "datetime", "date", "object"})
+
+
+class _Shape:
+    """A compiled openapi type of kubernetes_asyncio: ``model`` (fields by JSON name),
+    ``list``/``dict`` of an inner shape, or a leaf (None, nothing to prune)."""
+
+    __slots__ = ("fields", "inner", "kind", "leafy")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.inner: _Shape | None = None
+        self.fields: dict[str, _Shape | None] = {}
+        self.leafy = False  # a model whose fields are all leaves: only its keys to check
+
+
+_SHAPES: dict[str, _Shape | None] = {}
+
+
+def _shape(typ: str) -> _Shape | None:
+    if typ in _SHAPES:
+        return _SHAPES[typ]
+    if typ in _LEAF_TYPES:
+        _SHAPES[typ] = None
+        return None
+    if typ.startswith("list[") or typ.startswith("dict("):
+        inner_typ = typ[5:-1] if typ.startswith("list[") else typ[typ.index(",") + 1:-1]
+        inner = _shape(inner_typ.strip())
+        shape = None if inner is None else _Shape("list" if typ[0] == "l" else "dict")
+        if shape is not None:
+            shape.inner = inner
+        _SHAPES[typ] = shape
+        return shape
+    cls = getattr(k8s_models, typ, None)
+    if cls is None or not hasattr(cls, "openapi_types"):
+        _SHAPES[typ] = None
+        return None
+    shape = _Shape("model")
+    _SHAPES[typ] = shape  # before recursing: models may refer to themselves
+    newer = _NEWER_THAN_SERVED.get(typ, frozenset())
+    for attr, ftyp in cls.openapi_types.items():
+        name = cls.attribute_map[attr]
+        if name not in newer:
+            shape.fields[name] = _shape(ftyp)
+    shape.leafy = all(f is None for f in shape.fields.values())
+    return shape
+
+
+def _prune_shape(shape: _Shape, value: Any, stack: list[str], removed: list[str]) -> None:
+    """Prune ``value`` in place; ``stack`` holds the path segments (joined only for a
+    removal, since this runs on every write of every built-in object)."""
+    kind = shape.kind
+    if kind == "model":
+        if not isinstance(value, dict):
+            return
+        fields = shape.fields
+        if not value.keys() <= fields.keys():
+            for key in [k for k in value if k not in fields]:
+                removed.append(_join([*stack, key]))
+                del value[key]
+        if shape.leafy:
+            return
+        for key, sub in value.items():
+            fshape = fields[key]
+            if fshape is not None:
+                stack.append(key)
+                _prune_shape(fshape, sub, stack, removed)
+                stack.pop()
+    elif kind == "list":
+        if isinstance(value, list):
+            inner = shape.inner
+            assert inner is not None
+            for i, item in enumerate(value):
+                stack.append(f"[{i}]")
+                _prune_shape(inner, item, stack, removed)
+                stack.pop()
+    elif isinstance(value, dict):
+        inner = shape.inner
+        assert inner is not None
+        if inner.leafy:
+            # Maps of small leaf-only structs (device attributes): one key check each.
+            known = inner.fields.keys()
+            if all(not isinstance(v, dict) or v.keys() <= known for v in value.values()):
+                return
+        for k, v in value.items():
+            stack.append(k)
+            _prune_shape(inner, v, stack, removed)
+            stack.pop()
+
+
+def _join(segments: list[str]) -> str:
+    out = ""
+    for seg in segments:
+        out += seg if seg.startswith("[") or not out else "." + seg
+    return out
+
+
+def prune_builtin(model: str, obj: dict[str, Any]) -> list[str]:
+    """Drop (in place) the fields of ``obj`` its kind does not have; return their paths
+    (``spec.devices[0].attributez``), as decoding into the Go type does on a real server."""
+    removed: list[str] = []
+    shape = _shape(model) if model else None
+    if shape is not None:
+        _prune_shape(shape, obj, [], removed)
+    return removed
 
 
 # --------------------------------------------------------------------------- registry
@@ -511,6 +643,7 @@ class Registry:
                 raw_schema=(ver.get("schema") or {}).get("openAPIV3Schema"),
                 crd=crd_name,
                 status_on_create="drop" if "status" in subs else "keep",
+                unconditional_update=False,
             )
             self.add(rt)
             added.append(rt)

@@ -32,7 +32,15 @@ from . import patch as patchlib
 from .builtin_validation import apply_builtin_defaults, validate_builtin, validate_object_meta
 from .errors import FieldError, invalid_status, status
 from .faults import FaultInjector, RequestInfo, fault_status
-from .registry import AGE, PrinterColumn, Registry, ResourceType, builtin_types, cell_value
+from .registry import (
+    AGE,
+    PrinterColumn,
+    Registry,
+    ResourceType,
+    builtin_types,
+    cell_value,
+    prune_builtin,
+)
 from .schema import CRDSchema, SchemaError, validate_crd_manifest
 from .selectors import SelectorError, combine, field_matcher, label_matcher
 from .store import JSON, ApiError, Entry, Event, Expired, Store, Watcher, encode
@@ -88,6 +96,8 @@ class ApiCore:
         self.store = store
         self.registry = registry
         self.clock = clock
+        # Dependents written with ownerReferences, waiting for the GC's owner check.
+        self.pending_owner_checks: list[tuple[tuple[str, str], str, str]] = []
 
     # ------------------------------------------------------------------ helpers
     def now(self) -> str:
@@ -177,16 +187,30 @@ class ApiCore:
         """
         schema: CRDSchema | None = rt.schema
         if schema is None:
-            return []
+            return self._prepare_builtin(rt, obj, strict)
         unknown = schema.prune(obj)
         schema.apply_defaults(obj)
+        return self._unknown_fields(rt, unknown, strict)
+
+    def _prepare_builtin(self, rt: ResourceType, obj: JSON, strict: str) -> list[str]:
+        """Drop fields a built-in kind does not have, like decoding into its Go type.
+
+        Stored objects never hold unknown fields, so pruning in place cannot touch values a
+        request body shares with the stored object."""
+        if not rt.model:
+            return []
+        return self._unknown_fields(rt, prune_builtin(rt.model, obj), strict)
+
+    def _unknown_fields(self, rt: ResourceType, unknown: list[str], strict: str) -> list[str]:
+        """fieldValidation: Strict rejects unknown fields (400); Warn, the default since
+        1.27, drops them with a warning per field; Ignore drops them silently."""
         msgs = [f'unknown field "{p}"' for p in unknown]
         if msgs and strict == "Strict":
             raise self.bad_request(
                 f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
                 f"strict decoding error: {', '.join(msgs)}"
             )
-        return msgs if strict == "Warn" else []
+        return msgs if strict in ("", "Warn") else []
 
     def _validate(self, rt: ResourceType, obj: JSON, old: JSON | None) -> None:
         name = obj["metadata"].get("name", "")
@@ -270,6 +294,8 @@ class ApiCore:
         ev = self.store.put(rt.store_key, obj)
         if rt.store_key == CRD_KEY:
             self._register_crd(ev.obj)
+        if meta.get("ownerReferences"):
+            self.check_owners_later(rt, ev.obj)
         return ev.obj, warnings
 
     def _generate_name(self, rt: ResourceType, ns: str, prefix: str) -> str:
@@ -296,8 +322,20 @@ class ApiCore:
         """Replace an object (PUT semantics); ``body`` is a fresh top-level dict."""
         old = self.store.get(rt.store_key, ns, name)
         if old is None:
+            if rt.create_on_update and not subresource and isinstance(body, dict):
+                # AllowCreateOnUpdate (leases, events): a PUT of a missing object creates it.
+                bmeta = body.get("metadata")
+                if isinstance(bmeta, dict):
+                    if bmeta.get("name") not in (None, "", name):
+                        raise self.bad_request(f"the name of the object ({bmeta['name']}) does "
+                                               f"not match the name on the URL ({name})")
+                    bmeta["name"] = name
+                    bmeta.pop("resourceVersion", None)
+                return self.create(rt, ns if rt.namespaced else None, body, dry_run=dry_run,
+                                   field_validation=field_validation)
             raise self.not_found(rt, name)
         new = self._check_type(rt, body)
+        builtin_warnings = self._prepare_builtin(rt, new, field_validation)
         meta = dict(new["metadata"])
         new["metadata"] = meta
         if meta.get("name") not in (None, "", name):
@@ -308,6 +346,11 @@ class ApiCore:
                                    "namespace sent on the request")
         old_meta = old["metadata"]
         rv = meta.get("resourceVersion")
+        if not rv and not rt.unconditional_update:
+            # genericregistry.Store.Update: the Invalid names the resource, not the kind.
+            raise ApiError(invalid_status(rt.plural, rt.group, name, [FieldError(
+                "metadata.resourceVersion", INVALID, "must be specified for an update", 0,
+                True)]))
         if rv and str(rv) != old_meta["resourceVersion"]:
             raise self.conflict(rt, name)
         if meta.get("uid") and meta["uid"] != old_meta.get("uid"):
@@ -343,7 +386,7 @@ class ApiCore:
             if "managedFields" not in meta and "managedFields" in old_meta:
                 meta["managedFields"] = old_meta["managedFields"]
         meta["resourceVersion"] = old_meta["resourceVersion"]
-        warnings: list[str] = []
+        warnings: list[str] = builtin_warnings
         if rt.schema is not None:
             new = copy.deepcopy(new)  # pruning/defaulting mutate nested values
             warnings = self._prepare_custom(rt, new, field_validation)
@@ -361,7 +404,14 @@ class ApiCore:
                     "metadata.finalizers", FORBIDDEN,
                     f"no new finalizers can be added if the object is being deleted, found new "
                     f"finalizers {go_list}")])
-        if self._spec_part(new) != self._spec_part(old):
+        if rt.crd is not None:
+            # customResourceStrategy.PrepareForUpdate: any change outside metadata bumps it
+            # (a status change too, when there is no status subresource).
+            changed = any(new.get(k) != old.get(k) for k in new.keys() | old.keys()
+                          if k != "metadata")
+        else:
+            changed = self._spec_part(new) != self._spec_part(old)
+        if changed and subresource != "status":
             meta["generation"] = int(old_meta.get("generation", 1)) + 1
         self._validate(rt, new, old)
         if rt.store_key == CRD_KEY:
@@ -374,10 +424,15 @@ class ApiCore:
             ev = self.store.remove(rt.store_key, ns, name)
             assert ev is not None
             self.after_removal(ev, None)
-            return self.as_version(rt, ev.obj), warnings
+            # Like genericregistry's deleteWithoutFinalizers: the watch's DELETED event carries
+            # the last stored state, but the PUT/PATCH answers with the object as updated.
+            return self.as_version(rt, new), warnings
         ev = self.store.put(rt.store_key, new)
         if rt.store_key == CRD_KEY:
             self._register_crd(ev.obj)
+        if meta.get("ownerReferences") and meta.get("ownerReferences") != old_meta.get(
+                "ownerReferences"):
+            self.check_owners_later(rt, ev.obj)
         return self.as_version(rt, ev.obj), warnings
 
     # ------------------------------------------------------------------ patch
@@ -483,8 +538,8 @@ class ApiCore:
                 current, applied, manager=field_manager, force=force, now=self.now(),
                 api_version=rt.api_version)
         except patchlib.ApplyConflict as exc:
-            raise ApiError(status(409, "Conflict", str(exc), name=name, group=rt.group,
-                                  kind=rt.plural)) from None
+            # errors.NewApplyConflict: the details carry only the causes (no name/kind).
+            raise ApiError(status(409, "Conflict", str(exc), causes=exc.causes())) from None
         if current is None:
             if subresource:
                 raise self.not_found(rt, name)
@@ -589,17 +644,55 @@ class ApiCore:
     def _collect(self, owner_uid: str) -> None:
         """Garbage-collect dependents all of whose owners are gone."""
         for key, ns, name in list(self.store.dependents.get(owner_uid, ())):
-            obj = self.store.get(key, ns, name)
-            rt = self.rt_for_key(key)
-            if obj is None or rt is None:
-                continue
-            refs = obj["metadata"].get("ownerReferences") or []
-            if any(r.get("uid") in self.store.by_uid for r in refs):
-                continue
-            try:
-                self.delete(rt, ns, name, {"propagationPolicy": "Background"})
-            except ApiError:
-                continue
+            self._collect_if_orphaned(key, ns, name)
+
+    def _owner_present(self, rt: ResourceType, ns: str, ref: Any) -> bool:
+        """Whether the garbage collector would find ``ref``'s owner (or cannot tell).
+
+        Like the real GC, an owner is looked up by kind and name in the *dependent's*
+        namespace (owner references carry none) and must have the referenced uid; a missing
+        one, or one with another uid, is absent. A kind the server does not serve, or a
+        namespaced owner of a cluster-scoped dependent, cannot be resolved: the GC then
+        reports it and leaves the dependent alone.
+        """
+        if not isinstance(ref, dict):
+            return True
+        owner_rt = self.registry.by_kind(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
+        if owner_rt is None or (owner_rt.namespaced and not rt.namespaced):
+            return True
+        owner = self.store.get(owner_rt.store_key, ns if owner_rt.namespaced else "",
+                               str(ref.get("name", "")))
+        return owner is not None and owner["metadata"].get("uid") == ref.get("uid")
+
+    def _collect_if_orphaned(self, key: tuple[str, str], ns: str, name: str) -> None:
+        obj = self.store.get(key, ns, name)
+        rt = self.rt_for_key(key)
+        if obj is None or rt is None:
+            return
+        refs = obj["metadata"].get("ownerReferences") or []
+        if not refs or any(self._owner_present(rt, ns, r) for r in refs):
+            return
+        try:
+            self.delete(rt, ns, name, {"propagationPolicy": "Background"})
+        except ApiError:
+            return
+
+    def check_owners_later(self, rt: ResourceType, obj: JSON) -> None:
+        """The GC's check of a new dependent: one whose owners are all absent (never existed,
+        another uid, another namespace) is deleted shortly after it was written."""
+        meta = obj["metadata"]
+        target = (rt.store_key, meta.get("namespace", ""), meta["name"])
+        self.pending_owner_checks.append(target)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # in-process setup before start(): checked once the server runs
+        loop.call_soon(self.run_owner_checks)
+
+    def run_owner_checks(self) -> None:
+        pending, self.pending_owner_checks = self.pending_owner_checks, []
+        for key, ns, name in pending:
+            self._collect_if_orphaned(key, ns, name)
 
     def _purge_namespace(self, ns: str) -> None:
         for key in self.store.keys():  # noqa: SIM118 (a method, not a dict)
@@ -759,6 +852,9 @@ class FakeAPIServer:
         self.host = host
         self._port = port
         self.bookmark_interval = bookmark_interval
+        # How long a list at a resourceVersion the store has not reached waits before the
+        # 504 "Too large resource version" (the watch cache's 3 s).
+        self.too_large_rv_wait = 3.0
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.store = Store(history_size=history_size, watch_queue_size=watch_queue_size)
         self.registry = Registry(builtin_types())
@@ -788,6 +884,8 @@ class FakeAPIServer:
         sockets = getattr(server, "sockets", None) or []
         self._port = sockets[0].getsockname()[1]
         self._runner = runner
+        # Objects seeded in-process before the loop ran get the GC's owner check now.
+        asyncio.get_running_loop().call_soon(self.core.run_owner_checks)
 
     async def stop(self) -> None:
         if self._runner is None:
@@ -898,8 +996,13 @@ class FakeAPIServer:
         body = json.loads(encode(obj))
         rt = self.resource_type(body.get("apiVersion", ""), body.get("kind", ""))
         meta = body.get("metadata", {})
-        updated, _ = self.core.update(rt, meta.get("namespace", "") if rt.namespaced else "",
-                                      meta["name"], body, subresource=subresource)
+        ns = meta.get("namespace", "") if rt.namespaced else ""
+        if not meta.get("resourceVersion"):
+            # In-process setup writes are unconditional, even for kinds whose PUT is not.
+            current = self.store.get(rt.store_key, ns, meta["name"])
+            if current is not None:
+                meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        updated, _ = self.core.update(rt, ns, meta["name"], body, subresource=subresource)
         return _copy(self._obj_bytes(rt, updated))
 
     def update_status(self, obj: JSON) -> JSON:
@@ -1095,7 +1198,7 @@ class FakeAPIServer:
                 return await self._watch(request, rt, ns, fs + ("," + extra if extra else ""))
             return await self._watch(request, rt, ns, q.get("fieldSelector"))
         if verb == "list":
-            return self._list(request, rt, ns)
+            return await self._list(request, rt, ns)
         if verb == "get":
             assert name is not None
             obj = core.get(rt, nsv, name)
@@ -1160,7 +1263,68 @@ class FakeAPIServer:
         except SelectorError as exc:
             raise self.core.bad_request(str(exc)) from None
 
-    def _list(self, request: web.Request, rt: ResourceType, ns: str | None) -> web.Response:
+    async def _list_rv(self, q: Any) -> int | None:
+        """The resourceVersion a list must be served at (None: the current state), after
+        ListOptions validation and, for a version the store has not reached yet, the
+        watch cache's bounded wait ("Too large resource version")."""
+        rv_s = q.get("resourceVersion", "")
+        rv_match = q.get("resourceVersionMatch", "")
+        errs: list[FieldError] = []
+        if rv_match:
+            if not rv_s:
+                errs.append(FieldError("resourceVersionMatch", FORBIDDEN,
+                                       "resourceVersionMatch is forbidden unless "
+                                       "resourceVersion is provided"))
+            if q.get("continue"):
+                errs.append(FieldError("resourceVersionMatch", FORBIDDEN,
+                                       "resourceVersionMatch is forbidden when continue is "
+                                       "provided"))
+            if rv_match not in ("Exact", "NotOlderThan"):
+                errs.append(FieldError("resourceVersionMatch", "FieldValueNotSupported",
+                                       'supported values: "Exact", "NotOlderThan", ""',
+                                       rv_match, True))
+            if rv_match == "Exact" and rv_s == "0":
+                errs.append(FieldError("resourceVersionMatch", FORBIDDEN,
+                                       'resourceVersionMatch "exact" is forbidden for '
+                                       'resourceVersion "0"'))
+        if "sendInitialEvents" in q:
+            errs.append(FieldError("sendInitialEvents", FORBIDDEN,
+                                   "sendInitialEvents is forbidden for list"))
+        if errs:
+            raise ApiError(invalid_status("ListOptions", "meta.k8s.io", "", errs))
+        if q.get("continue"):
+            if rv_s not in ("", "0"):
+                raise self.core.bad_request("specifying resource version is not allowed when "
+                                            "using continue")
+            return None
+        if rv_s in ("", "0"):
+            return None
+        try:
+            rv = int(rv_s)
+        except ValueError:
+            raise self.core.bad_request(f"invalid resource version: {rv_s}") from None
+        await self._wait_for_rv(rv)
+        return rv if rv_match == "Exact" else None
+
+    async def _wait_for_rv(self, rv: int) -> None:
+        """Block (like the watch cache, for at most ``too_large_rv_wait`` seconds) until the
+        store reaches ``rv``; then 504 with the ResourceVersionTooLarge cause client-go
+        reflectors look for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.too_large_rv_wait
+        while self.store.rv < rv:
+            if loop.time() >= deadline:
+                body = status(504, "Timeout",
+                              f"Timeout: Too large resource version: {rv}, current: "
+                              f"{self.store.rv}",
+                              causes=[{"reason": "ResourceVersionTooLarge",
+                                       "message": "Too large resource version"}],
+                              retry_after_seconds=1)
+                raise ApiError(body)
+            await asyncio.sleep(0.01)
+
+    async def _list(self, request: web.Request, rt: ResourceType, ns: str | None
+                    ) -> web.Response:
         q = request.query
         match = self._matcher(rt, q.get("labelSelector"), q.get("fieldSelector"))
         limit_s = q.get("limit")
@@ -1169,10 +1333,14 @@ class FakeAPIServer:
         except ValueError:
             raise self.core.bad_request(f"invalid limit: {limit_s}") from None
         token = q.get("continue") or None
+        at_rv = await self._list_rv(q)
         try:
             snap = self.store.page(rt.store_key, ns, match, limit if limit and limit > 0 else None,
-                                   token)
+                                   token, at_rv=at_rv)
         except Expired:
+            if at_rv is not None:
+                raise ApiError(status(410, "Expired", "The resourceVersion for the provided "
+                                      "list is too old.")) from None
             raise ApiError(status(
                 410, "Expired",
                 "The provided continue parameter is too old to display a consistent list "
@@ -1335,7 +1503,8 @@ class FakeAPIServer:
                 return resp
             if lines:
                 await resp.write(b"".join(lines))
-            await self._stream(resp, rt, watcher, match, timeout, bookmarks, render)
+            await self._stream(resp, rt, watcher, match, timeout, bookmarks, render,
+                               start_rv or 0)
         except ConnectionResetError:
             return resp  # the client went away; nothing left to tell it
         finally:
@@ -1345,7 +1514,9 @@ class FakeAPIServer:
     async def _stream(self, resp: web.StreamResponse, rt: ResourceType, watcher: Watcher,
                       match: Callable[[JSON], bool] | None,
                       timeout_s: float | None, bookmarks: bool,
-                      render: Callable[[str, Entry], bytes]) -> None:
+                      render: Callable[[str, Entry], bytes], min_rv: int = 0) -> None:
+        """Send live events. A watch started at a version the store has not reached yet
+        (``min_rv``) gets only later events, like the watch cache's per-watcher filter."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
@@ -1364,13 +1535,14 @@ class FakeAPIServer:
                 if deadline is not None and loop.time() >= deadline:
                     return
                 # Queue empty ⇒ everything up to the store's version has been sent.
-                if bookmarks and watcher.pending() == 0:
+                if bookmarks and watcher.pending() == 0 and self.store.rv >= min_rv:
                     await resp.write(self._bookmark(rt, self.store.rv))
                 continue
             events = watcher.drain()
             if events:
                 out = [render(*seen) for ev in events
-                       if (seen := self._translate(ev, None, match)) is not None]
+                       if ev.rv > min_rv
+                       and (seen := self._translate(ev, None, match)) is not None]
                 if out:
                     await resp.write(b"".join(out))
             if watcher.closed is not None:

@@ -188,16 +188,23 @@ class Store:
         match: Callable[[JSON], bool] | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
+        *,
+        at_rv: int | None = None,
     ) -> Snapshot:
         """A consistent page of objects.
 
         A continuation lists the state *at the first page's resourceVersion*, rebuilt
         by undoing later history, so paging through a changing collection is
         consistent like etcd's snapshot reads; once that history is gone → Expired.
+        ``at_rv`` asks for the state at that version (resourceVersionMatch=Exact).
         """
         start_after: ObjKey | None = None
         if continue_token:
             rv, start_after = decode_continue(continue_token)
+            objs = self._state_at(key, rv)
+            keys = sorted(objs)
+        elif at_rv is not None and at_rv < self.rv:
+            rv = at_rv
             objs = self._state_at(key, rv)
             keys = sorted(objs)
         else:
