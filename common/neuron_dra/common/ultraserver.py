@@ -1,0 +1,103 @@
+"""UltraServer reservation facts shared by the controller and the kubelet plugin (DESIGN §3.7).
+
+The controller records each allocated *unit* (``topologySize`` nodes of one UltraServer) as
+one entry of ``NeuronUltraServer.status.allocations``; that is the only place reservations
+are written. Each kubelet plugin reads the entries naming its node to tag its devices with
+``workloadId`` and to give containers their ranks. These pure functions are the one reading
+of that record both sides agree on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from neuron_dra.common.constants import WORKLOAD_ID_MAX_LENGTH
+
+#: Suffix length of a workload id: 8 hex chars of the workload UID keep ids unique when a
+#: workload is deleted and recreated under the same name.
+_UID_SUFFIX_LEN: Final = 8
+_LABEL_VALUE: Final = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def workload_id(name: str, uid: str) -> str:
+    """Cluster-unique, stable id of a workload, starting with its name (DESIGN §3.7).
+
+    ``<name>-<8 hex of uid>``; long names are cut so the id fits a label value (63), the
+    limit that matters because the id is also a label on the generated claims.
+    """
+    digest = hashlib.sha256(uid.encode()).hexdigest()[:_UID_SUFFIX_LEN]
+    room = WORKLOAD_ID_MAX_LENGTH - _UID_SUFFIX_LEN - 1
+    head = name[:room].rstrip("-.")
+    wid = f"{head}-{digest}"
+    assert _LABEL_VALUE.match(wid), wid
+    return wid
+
+
+def workload_ref(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def global_topo_id(unit_index: int, topology_size: int, node_index: int) -> int:
+    """``NEURON_GLOBAL_TOPOID``: the node's rank across the whole workload (DESIGN §3.5)."""
+    if not 0 <= node_index < topology_size:
+        raise ValueError(f"node index {node_index} outside a unit of {topology_size}")
+    return unit_index * topology_size + node_index
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One node's part in an allocated unit, as the plugin on that node needs it."""
+
+    ultraserver: str
+    workload_ref: str
+    workload_id: str
+    unit_index: int
+    topology_size: int
+    node_name: str
+    #: Position of the node inside its unit (allocatedNodes order: ascending node id).
+    node_index: int
+    leader_node_name: str | None
+    phase: str
+
+    @property
+    def rank(self) -> int:
+        return global_topo_id(self.unit_index, self.topology_size, self.node_index)
+
+
+def reservations(nus: Mapping[str, Any]) -> list[Reservation]:
+    """Every (node, unit) reservation recorded in one NeuronUltraServer object."""
+    name = str((nus.get("metadata") or {}).get("name", ""))
+    out: list[Reservation] = []
+    for entry in (nus.get("status") or {}).get("allocations") or []:
+        nodes = [str(n) for n in entry.get("allocatedNodes") or []]
+        size = int(entry.get("nodeCount") or len(nodes) or 1)
+        for index, node in enumerate(nodes):
+            out.append(
+                Reservation(
+                    ultraserver=name,
+                    workload_ref=str(entry.get("workloadRef", "")),
+                    workload_id=str(entry.get("workloadId", "")),
+                    unit_index=int(entry.get("ultraserverIndex") or 0),
+                    topology_size=size,
+                    node_name=node,
+                    node_index=index,
+                    leader_node_name=entry.get("leaderNodeName"),
+                    phase=str(entry.get("phase") or "Reserved"),
+                )
+            )
+    return out
+
+
+def node_reservations(
+    nus_objects: Iterable[Mapping[str, Any]], node_name: str
+) -> list[Reservation]:
+    """The reservations naming ``node_name`` across all NeuronUltraServers.
+
+    More than one means the record is inconsistent (a node booked twice); callers must treat
+    that as an error, not pick one.
+    """
+    return [r for nus in nus_objects for r in reservations(nus) if r.node_name == node_name]
