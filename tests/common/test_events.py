@@ -11,7 +11,7 @@ from kubernetes_asyncio import client
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import FakeClock
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
-from neuron_dra.nodeplugin.events import (
+from neuron_dra.common.events import (
     MAX_NOTE_BYTES,
     EventRecorder,
     EventType,
