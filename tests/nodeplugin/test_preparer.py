@@ -2,16 +2,20 @@
 
 Each test builds a trn2.48xlarge node ``trn2-node-0``, creates allocated ResourceClaims in the
 fake API server the way the scheduler leaves them, and drives :class:`Preparer` as the
-kubelet's gRPC layer would.
+kubelet's gRPC layer would. The last section runs two instances on the same directories (a
+rolling update of the DaemonSet) and holds the node lock from a child process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import sys
 import threading
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +31,7 @@ from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.cdi import UltraServerPeers, spec_file_name, write_cdi_spec
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
+from neuron_dra.nodeplugin.nodelock import NodeLock, NodeLockTimeout
 from neuron_dra.nodeplugin.preparer import PrepareLimits, Preparer
 from neuron_dra.nodeplugin.slices import build_resource_slices
 from prometheus_client import CollectorRegistry
@@ -597,3 +602,263 @@ async def test_cancelled_prepare_keeps_memory_and_disk_in_step(
     gets = env.claim_gets
     ok((await p.prepare([ref]))[ref.uid])  # the kubelet's retry: answered from the checkpoint
     assert env.claim_gets == gets
+
+
+# --- several plugin instances on one node (rolling update, kubelet-dra.md §4.4) -------------
+
+# Holds the node lock from another process: says so on stdout, lets go when stdin closes.
+LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+sys.stdout.write("locked\\n")
+sys.stdout.flush()
+sys.stdin.read()
+"""
+
+
+@contextlib.asynccontextmanager
+async def lock_held_elsewhere(path: Path) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Another process holds ``path``'s flock until the yielded ``release()`` is awaited."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        LOCK_HOLDER,
+        str(path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin = proc.stdin
+
+    async def release() -> None:
+        if not stdin.is_closing():
+            stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"locked\n"
+        yield release
+    finally:
+        if proc.returncode is None:
+            await release()
+
+
+async def still_pending(task: asyncio.Task[Any], seconds: float = 0.3) -> bool:
+    """Whether ``task`` is still running after a bounded wait (for "it waits" checks)."""
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return not done
+
+
+def lock_file(env: Env) -> Path:
+    return env.checkpoint_path.parent / "serialize.lock"
+
+
+@pytest.mark.parametrize("b_starts_first", [False, True])
+async def test_second_instance_shares_the_prepared_state(env: Env, b_starts_first: bool) -> None:
+    x = env.claim("x", ["neurondevice3"])
+    y = env.claim("y", ["neurondevice3"])
+    z = env.claim("z", ["neurondevice4"])
+    a = env.preparer()
+    b = env.preparer()
+    if b_starts_first:
+        await b.start()  # B's in-memory view is empty and stays so until it reloads
+    answer_x = await a.prepare([x])
+    ok(answer_x[x.uid])
+    await b.start()
+    assert env.spec_path(x.uid).exists()  # B's recovery did not take X's spec for an orphan
+
+    # The kubelet may send the repeat to the other instance: same answer, no API read.
+    gets = env.claim_gets
+    assert await b.prepare([x]) == answer_x
+    assert env.claim_gets == gets
+    # Y wants X's device: refused, naming X, whichever instance is asked.
+    error = (await b.prepare([y]))[y.uid].error
+    assert error.startswith(
+        f"device neurondevice3 is already prepared for ResourceClaim default/x (uid {x.uid})"
+    )
+    assert not env.spec_path(y.uid).exists()
+
+    # B records Z without dropping A's X (no stale copy written back), and the other way round.
+    ok((await b.prepare([z]))[z.uid])
+    on_disk = ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint
+    assert set(on_disk.claims) == {x.uid, z.uid}
+
+    assert (await a.unprepare([x]))[x.uid].error == ""
+    assert not env.spec_path(x.uid).exists()
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {z.uid}
+    ok((await b.prepare([y]))[y.uid])
+    assert set(b.checkpoint.claims) == {y.uid, z.uid}
+    # And A, asked for X again, now finds the device taken by B's Y.
+    error = (await a.prepare([x]))[x.uid].error
+    assert "already prepared for ResourceClaim default/y" in error
+    assert set(a.checkpoint.claims) == {y.uid, z.uid}
+    assert metric(a, "neuron_dra_prepared_claims") == 2
+
+
+async def test_recovery_waits_for_the_other_instances_prepare(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B starting while A is between its CDI spec write and its checkpoint write must not
+    sweep A's spec as an orphan."""
+    x = env.claim("x", ["neurondevice0"])
+    a = env.preparer()
+    await a.start()
+    loop = asyncio.get_running_loop()
+    saving = asyncio.Event()
+    release = threading.Event()
+    real_save = ckpt.save
+    calls = 0
+
+    def gated_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            loop.call_soon_threadsafe(saving.set)
+            release.wait(10)
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", gated_save)
+    preparing = asyncio.create_task(a.prepare([x]))
+    await asyncio.wait_for(saving.wait(), 10)
+    assert env.spec_path(x.uid).exists()  # written, not yet recorded
+
+    b = env.preparer()
+    starting = asyncio.create_task(b.start())
+    try:
+        assert await still_pending(starting)  # waits for A's node lock
+    finally:
+        release.set()
+    ok((await asyncio.wait_for(preparing, 10))[x.uid])
+    await asyncio.wait_for(starting, 10)
+    assert env.spec_path(x.uid).exists()
+    assert set(b.checkpoint.claims) == {x.uid}
+
+
+async def test_cancelled_prepare_keeps_the_lock_until_its_write_is_done(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gRPC layer cancels A's call mid-save: the lock must stay held until the save is on
+    disk, or B would decide on the old file (and give X's device to Y)."""
+    x = env.claim("x", ["neurondevice6"])
+    y = env.claim("y", ["neurondevice6"])
+    a = env.preparer()
+    b = env.preparer()
+    await a.start()
+    await b.start()
+    loop = asyncio.get_running_loop()
+    saving = asyncio.Event()
+    release = threading.Event()
+    real_save = ckpt.save
+    calls = 0
+
+    def gated_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            loop.call_soon_threadsafe(saving.set)
+            release.wait(10)
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", gated_save)
+    call = asyncio.create_task(a.prepare([x]))
+    await asyncio.wait_for(saving.wait(), 10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    other = asyncio.create_task(b.prepare([y]))
+    try:
+        assert await still_pending(other)
+    finally:
+        release.set()
+    error = (await asyncio.wait_for(other, 10))[y.uid].error
+    assert "already prepared for ResourceClaim default/x" in error
+    await a.drain()
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {x.uid}
+    assert env.spec_path(x.uid).exists() and not env.spec_path(y.uid).exists()
+
+
+async def test_prepare_waits_for_a_lock_held_by_another_process(env: Env) -> None:
+    x = env.claim("x", ["neurondevice1"])
+    p = env.preparer(limits=PrepareLimits(budget=30.0, lock_timeout=20.0))
+    await p.start()
+    async with lock_held_elsewhere(lock_file(env)) as release:
+        # A call that gives up while waiting (the gRPC deadline) leaves nothing held.
+        abandoned = asyncio.create_task(p.prepare([x]))
+        assert await still_pending(abandoned, 0.1)
+        abandoned.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await abandoned
+
+        preparing = asyncio.create_task(p.prepare([x]))
+        assert await still_pending(preparing)
+        assert not env.spec_path(x.uid).exists()
+        await release()
+        ok((await asyncio.wait_for(preparing, 10))[x.uid])
+    assert env.spec_path(x.uid).exists()
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {x.uid}
+
+
+async def test_lock_busy_past_the_timeout_gives_per_claim_retryable_errors(env: Env) -> None:
+    refs = [env.claim("a", ["neurondevice0"]), env.claim("b", ["neurondevice1"])]
+    limits = PrepareLimits(budget=30.0, lock_timeout=0.3)
+    started = env.preparer(limits=limits)
+    await started.start()
+    fresh = env.preparer(limits=limits)  # must recover first: waits in start()
+    async with lock_held_elsewhere(lock_file(env)) as release:
+        for p in (started, fresh):
+            t0 = time.monotonic()
+            results = await asyncio.wait_for(p.prepare(refs), 10)
+            assert time.monotonic() - t0 < 5
+            for ref in refs:
+                error = results[ref.uid].error
+                assert "serialize.lock" in error and "try again" in error, error
+            assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "NodeLockBusy"}) == 2
+            unprepared = await asyncio.wait_for(p.unprepare(refs), 10)
+            assert all("serialize.lock" in r.error for r in unprepared.values())
+        assert not env.cdi_root.exists() or os.listdir(env.cdi_root) == []
+        assert started.checkpoint.claims == {} and fresh.checkpoint.claims == {}
+        await release()
+    # The kubelet's retry goes through once the lock is free.
+    results = await fresh.prepare(refs)
+    for ref in refs:
+        ok(results[ref.uid])
+
+
+async def test_corrupt_checkpoint_found_at_reload_is_moved_aside(env: Env) -> None:
+    x = env.claim("x", ["neurondevice0"])
+    y = env.claim("y", ["neurondevice1"])
+    a = env.preparer()
+    b = env.preparer()
+    await b.start()
+    ok((await a.prepare([x]))[x.uid])
+    env.checkpoint_path.write_text('{"version": 1, "checksum": "0", "data": {')
+    ok((await b.prepare([y]))[y.uid])  # never crashes
+    aside = [n for n in os.listdir(env.checkpoint_path.parent) if ".corrupt-" in n]
+    assert len(aside) == 1
+    [event] = [e for e in env.events() if e["reason"] == "CheckpointReset"]
+    assert aside[0] in event["note"]
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {y.uid}
+    # A picks up the reset state too instead of writing its old copy back.
+    await a.unprepare([ClaimRef("default", "nothing", "nothing")])
+    assert set(a.checkpoint.claims) == {y.uid}
+
+
+async def test_node_lock_excludes_other_holders_and_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "d" / "serialize.lock"
+    first, second = NodeLock(path), NodeLock(path)  # two descriptors: like two processes
+    await first.acquire(1.0)
+    with pytest.raises(NodeLockTimeout):
+        await second.acquire(0.05)
+    # Tasks of one process queue on the same object.
+    waiter = asyncio.create_task(first.acquire(5.0))
+    assert await still_pending(waiter, 0.05)
+    first.release()
+    await asyncio.wait_for(waiter, 5)
+    first.release()
+    async with second.hold(1.0):
+        assert second.held
+    assert not second.held
+    with pytest.raises(RuntimeError):
+        second.release()

@@ -38,8 +38,12 @@ Design choices, each from a failure seen in other drivers (reference/anchors.md 
   the containers that used the devices are dead, so old entries would only block devices.
 * Writes are atomic (temp file in the same directory, fsync, rename, fsync of the directory):
   a crash leaves the old or the new checkpoint, never half of one.
+* Several plugin instances may share the file during a rolling update; they take turns under
+  the node lock (:mod:`.nodelock`) and re-read the file whenever its bytes differ from the
+  version they last read or wrote (:func:`read_raw`, :func:`load_raw`).
 
-Everything except :func:`save`, :func:`load` and :func:`read_boot_id` is pure.
+Everything except :func:`save`, :func:`load`, :func:`load_raw`, :func:`read_raw` and
+:func:`read_boot_id` is pure.
 """
 
 from __future__ import annotations
@@ -333,6 +337,14 @@ def _aside_path(path: Path, now: datetime) -> Path:
     return candidate
 
 
+def read_raw(path: Path) -> bytes | None:
+    """The file's bytes, None if it does not exist (other OSErrors propagate)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def load(path: Path, *, boot_id: str, now: datetime | None = None) -> LoadResult:
     """Read the checkpoint at ``path`` for the current ``boot_id``. Never raises for content.
 
@@ -340,10 +352,20 @@ def load(path: Path, *, boot_id: str, now: datetime | None = None) -> LoadResult
     earlier boot: entries dropped, with a note. OSErrors other than "missing" (permissions,
     I/O) propagate: they are not the file's fault and moving it would lose state.
     """
+    return load_raw(path, read_raw(path), boot_id=boot_id, now=now)
+
+
+def load_raw(
+    path: Path, raw: bytes | None, *, boot_id: str, now: datetime | None = None
+) -> LoadResult:
+    """:func:`load` for bytes already read from ``path`` (None: the file does not exist).
+
+    For a caller that compares the bytes with the last version it knew before decoding them
+    (several plugin instances share the file). An untrustworthy file is still moved aside,
+    so call it only while no other writer can replace ``path`` in between.
+    """
     now = now or datetime.now(UTC)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if raw is None:
         return LoadResult(Checkpoint(boot_id=boot_id), dirty=False)
     try:
         loaded = decode(raw)

@@ -20,6 +20,24 @@ whose spec never existed, which a repeated Prepare would then report as done.
 Claims of one call run concurrently. Device locks (taken in index order, so two claims never
 wait on each other crosswise) serialize everything from the conflict check to the checkpoint
 write, so two claims racing for one device cannot both win.
+
+Several plugin instances (reference/kubelet-dra.md §4.4): during a rolling update the old and
+the new pod serve the kubelet side by side, and it may send any call to either. They share
+the checkpoint and the CDI directory, so everything that reads or changes them runs under the
+node lock (:mod:`.nodelock`, ``serialize.lock`` next to the checkpoint), and each holder first
+re-reads the checkpoint if the other instance changed it. A Prepare batch takes the lock twice:
+
+1. to answer the claims already prepared on this node (by either instance), without an API
+   call, from the checkpoint as it is now;
+2. (no lock) to read and plan the other claims: API calls may take the whole budget, and
+   holding the lock through them would stall every call of the other instance;
+3. to check conflicts, write the CDI specs and record the entries, for the whole batch at
+   once: one short hold of local file work in which the batch's claims still run
+   concurrently (the device locks order them), instead of one lock round trip per claim.
+
+Unprepare and the start-up recovery hold it throughout (local file work only). API calls
+(Events) never run under it. Waiting for it is bounded by ``PrepareLimits.lock_timeout``;
+if it passes, each claim gets a retryable error and the kubelet calls again.
 """
 
 from __future__ import annotations
@@ -29,10 +47,10 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from neuron_dra.common.constants import DRIVER_NAME, NODE_DEVICE_NAME, device_name
 from neuron_dra.common.k8s.client import NODES, RESOURCE_CLAIMS, KubeClient
@@ -52,7 +70,7 @@ from neuron_dra.nodeplugin.cdi import (
 )
 from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.events import EventRecorder, EventType, ObjectRef
+from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.nodeplugin.kubeletapi import (
     ClaimRef,
     DriverBackend,
@@ -60,6 +78,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     PrepareResult,
     UnprepareResult,
 )
+from neuron_dra.nodeplugin.nodelock import NodeLock, NodeLockTimeout, lock_path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
@@ -90,10 +109,20 @@ class PrepareLimits:
     backoff_cap: float = 5.0
     #: Per-request timeout (never longer than what is left of the budget).
     request_timeout: float = 10.0
+    #: Seconds (real time) a Prepare or Unprepare waits for the node lock each time it needs
+    #: it; then its claims get retryable errors. The other instance holds it only for local
+    #: file work. A Prepare can wait once within ``budget`` and once after it, so keep
+    #: ``budget + lock_timeout`` below the gRPC layer's budget (40 s).
+    lock_timeout: float = 5.0
+    #: The wait for the node lock of the recovery at plugin start (nobody is waiting on the
+    #: plugin yet; a lock still busy after this long means something is stuck).
+    start_lock_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.budget <= 0 or self.attempts < 1 or self.backoff_base <= 0:
             raise ValueError("need budget > 0, attempts >= 1 and backoff_base > 0")
+        if self.lock_timeout <= 0 or self.start_lock_timeout <= 0:
+            raise ValueError("need lock_timeout > 0 and start_lock_timeout > 0")
 
 
 class PrepareFailure(Exception):
@@ -172,6 +201,42 @@ def _no_topology(plan: ClaimPlan) -> UltraServerPeers | None:
     return None
 
 
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A claim read and planned (step 2), ready for step 3."""
+
+    plan: ClaimPlan
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one claim of a Prepare batch ended: its answer, or why not (reported once the
+    node lock is released), and when (for the duration metric)."""
+
+    value: PrepareResult | Exception
+    at: float
+
+
+def _state_failure(exc: NodeLockTimeout | OSError, verb: str) -> PrepareFailure:
+    if isinstance(exc, NodeLockTimeout):
+        return PrepareFailure(f"cannot {verb} now: {exc}", reason="NodeLockBusy", permanent=False)
+    return PrepareFailure(
+        f"cannot {verb} now: the plugin's checkpoint or lock file is not accessible: {exc}",
+        reason="StateUnavailable",
+        permanent=False,
+    )
+
+
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
+    # The caller may have been cancelled and never look; drain() still does.
+    if not task.cancelled():
+        task.exception()
+
+
 # --- the backend -----------------------------------------------------------------------------
 
 
@@ -216,32 +281,120 @@ class Preparer:
         self.metrics = PreparerMetrics(registry)
 
         self._checkpoint = ckpt.Checkpoint()
+        # The checkpoint file's bytes as we last read or wrote them (None: no file), to tell
+        # whether another plugin instance changed it since.
+        self._ckpt_raw: bytes | None = None
+        self._loaded = False
+        self._boot_id: str | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
+        # Across the plugin instances of this node (rolling update) and the calls of this one.
+        self._node_lock = NodeLock(lock_path(checkpoint_path.parent))
         # Serializes checkpoint read-modify-write-to-disk; held only around the save.
         self._ckpt_lock = asyncio.Lock()
         self._device_locks: dict[int, asyncio.Lock] = {}
         self._node_uid: str | None = None
-        # Commits still running after their caller was cancelled (kept so they are not
-        # garbage-collected mid-flight).
+        # Commits, and node-locked sections, still running after their caller was cancelled
+        # (kept so they are not garbage-collected mid-flight).
         self._commits: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
+        # (reason, note) of Node Events noted under the node lock, sent after it.
+        self._deferred_events: list[tuple[str, str]] = []
 
     @property
     def checkpoint(self) -> ckpt.Checkpoint:
         """The current state (read-only snapshot; for the health server and tests)."""
         return self._checkpoint
 
+    # -- the node lock ----------------------------------------------------------------------
+
+    async def _exclusive(
+        self, body: Callable[[], Awaitable[_T]], *, within: float, reload: bool = False
+    ) -> _T:
+        """Run ``body`` holding the node lock, on the checkpoint as the file holds it now.
+
+        Waiting for the lock is cancellable (nothing is held then). Once the lock is held,
+        ``body`` runs to its end even if our caller is cancelled, and the lock is released
+        only then: it does local file work only (never an API call, so it is short), and
+        letting go halfway, say between a CDI spec write and its checkpoint entry, would let
+        the other instance's sweep delete the spec or its save overwrite ours.
+        :meth:`drain` waits for such bodies.
+        """
+        await self._node_lock.acquire(within)
+
+        async def run() -> _T:
+            try:
+                await self._refresh(force=reload)
+                return await body()
+            finally:
+                self._node_lock.release()
+
+        task = asyncio.ensure_future(run())
+        self._background.add(task)
+        task.add_done_callback(_consume_outcome)
+        task.add_done_callback(self._background.discard)
+        return await asyncio.shield(task)
+
+    async def _refresh(self, *, force: bool) -> None:
+        """Under the node lock: make ``self._checkpoint`` what the file holds now.
+
+        The file changes behind our back only when another plugin instance writes it. We
+        compare its bytes with the version we last read or wrote rather than its stat: every
+        save replaces the file, and the next save (by the other instance) may reuse the freed
+        inode number within one mtime tick (coarse on many filesystems) at the same size, so
+        (inode, mtime, size) can repeat for different content. The file is small.
+        An untrustworthy file is handled as at start-up: moved aside, Node Warning Event.
+        """
+        if self._boot_id is None:
+            self._boot_id = await asyncio.to_thread(ckpt.read_boot_id, self._boot_id_path)
+        raw = await asyncio.to_thread(ckpt.read_raw, self._ckpt_path)
+        if self._loaded and not force and raw == self._ckpt_raw:
+            return
+        result = await asyncio.to_thread(
+            ckpt.load_raw, self._ckpt_path, raw, boot_id=self._boot_id, now=self._clock.wall()
+        )
+        if self._loaded and not force:
+            log.info(
+                "checkpoint %s was changed by another plugin instance; reloaded it "
+                "(%d prepared claims)",
+                self._ckpt_path,
+                len(result.checkpoint.claims),
+            )
+        for note in result.notes:
+            log.warning("%s", note)
+        for warning in result.warnings:
+            log.warning("%s", warning)
+            self._deferred_events.append((REASON_CHECKPOINT_RESET, warning))
+        self._checkpoint = result.checkpoint
+        self._ckpt_raw = None if result.moved_to is not None else raw
+        self._loaded = True
+        self.metrics.prepared_claims.set(len(result.checkpoint.claims))
+        if result.dirty:
+            await asyncio.to_thread(ckpt.save, self._ckpt_path, result.checkpoint)
+            self._ckpt_raw = ckpt.encode(result.checkpoint)
+
+    async def _emit_deferred_events(self) -> None:
+        """Node Events noted under the node lock, sent after it (no API calls under it)."""
+        pending, self._deferred_events = self._deferred_events, []
+        for reason, note in pending:
+            await self._node_event(EventType.WARNING, reason, note)
+
     # -- start-up ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Recover once; Prepare/Unprepare call it too, so ordering mistakes are harmless."""
+    async def start(self, *, lock_timeout: float | None = None) -> None:
+        """Recover once; Prepare/Unprepare call it too, so ordering mistakes are harmless.
+
+        ``lock_timeout`` bounds the wait for the node lock (default: the limits'
+        ``start_lock_timeout``); :class:`NodeLockTimeout` if it passes (nothing recovered,
+        the next call tries again).
+        """
         async with self._start_lock:
             if not self._started:
-                await self.recover()
+                await self.recover(lock_timeout=lock_timeout)
                 self._started = True
 
-    async def recover(self) -> None:
-        """Make disk consistent with the checkpoint after a (re)start.
+    async def recover(self, *, lock_timeout: float | None = None) -> None:
+        """Make disk consistent with the checkpoint after a (re)start, under the node lock.
 
         * load it (untrusted file: moved aside + Node Warning Event; reboot: entries dropped);
         * recreate missing CDI specs of claims still prepared: ``/var/run/cdi`` may have been
@@ -249,20 +402,18 @@ class Preparer:
         * delete our CDI specs that no entry references: left by a crash between the spec
           write and the checkpoint write, or by claims dropped after a reboot;
         * delete leftover temp files of interrupted atomic writes.
-        """
-        boot_id = await asyncio.to_thread(ckpt.read_boot_id, self._boot_id_path)
-        result = await asyncio.to_thread(
-            ckpt.load, self._ckpt_path, boot_id=boot_id, now=self._clock.wall()
-        )
-        for note in result.notes:
-            log.warning("%s", note)
-        for warning in result.warnings:
-            log.warning("%s", warning)
-            await self._node_event(EventType.WARNING, REASON_CHECKPOINT_RESET, warning)
-        if result.dirty:
-            await asyncio.to_thread(ckpt.save, self._ckpt_path, result.checkpoint)
-        self._checkpoint = result.checkpoint
 
+        The node lock matters most here: during a rolling update the other instance may have
+        just written a spec for a claim it is about to record. Under the lock its spec write
+        and its checkpoint write are never split, and the sweep compares against the
+        checkpoint as re-read under the same lock, so it only removes true orphans.
+        """
+        self._boot_id = await asyncio.to_thread(ckpt.read_boot_id, self._boot_id_path)
+        timeout = self._limits.start_lock_timeout if lock_timeout is None else lock_timeout
+        await self._exclusive(self._recover_locked, within=timeout, reload=True)
+        await self._emit_deferred_events()
+
+    async def _recover_locked(self) -> None:
         present = await asyncio.to_thread(list_cdi_specs, self._cdi_root, cdi_kind=self._cdi_kind)
         for uid, entry in sorted(self._checkpoint.claims.items()):
             if uid in present:
@@ -274,14 +425,13 @@ class Preparer:
                 # recorded; a repeated Prepare tries the write again.
                 msg = f"cannot restore CDI spec of ResourceClaim {entry.key} (uid {uid}): {exc}"
                 log.error("%s", msg)
-                await self._node_event(EventType.WARNING, REASON_CDI_RESTORE_FAILED, msg)
+                self._deferred_events.append((REASON_CDI_RESTORE_FAILED, msg))
             else:
                 log.info("restored missing CDI spec of ResourceClaim %s (uid %s)", entry.key, uid)
         for uid in sorted(present - set(self._checkpoint.claims)):
             log.info("removing orphan CDI spec for claim uid %s (not in the checkpoint)", uid)
             await asyncio.to_thread(remove_cdi_spec, self._cdi_root, uid, cdi_kind=self._cdi_kind)
         await asyncio.to_thread(self._sweep_temp_files)
-        self.metrics.prepared_claims.set(len(self._checkpoint.claims))
 
     def _sweep_temp_files(self) -> None:
         spec_prefix = "." + spec_file_name("", cdi_kind=self._cdi_kind).removesuffix(".json")
@@ -301,16 +451,82 @@ class Preparer:
     # -- Prepare ----------------------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        await self.start()
-        deadline = self._clock.now() + self._limits.budget
-        results = await asyncio.gather(*(self._prepare_one(ref, deadline) for ref in claims))
+        """Prepare a batch in three steps (see the module docstring for why)."""
+        started = self._clock.now()
+        deadline = started + self._limits.budget
+        lock_timeout = self._limits.lock_timeout
+        outcomes: dict[str, _Outcome] = {}
+        try:
+            await self.start(lock_timeout=lock_timeout)
+            # 1. Node lock: claims this node has prepared already, by us or another instance.
+            outcomes.update(
+                await self._exclusive(lambda: self._answer_prepared(claims), within=lock_timeout)
+            )
+            # 2. No lock: read and plan the others (API calls, up to the whole budget).
+            todo = [ref for ref in claims if ref.uid not in outcomes]
+            planned = await asyncio.gather(*(self._read_and_plan(ref, deadline) for ref in todo))
+            ready: list[tuple[ClaimRef, _Planned]] = []
+            for ref, item in zip(todo, planned, strict=True):
+                if isinstance(item, _Planned):
+                    ready.append((ref, item))
+                else:
+                    outcomes[ref.uid] = item
+            # 3. Node lock: conflict checks, CDI spec writes and checkpoint entries.
+            if ready:
+                outcomes.update(
+                    await self._exclusive(lambda: self._prepare_planned(ready), within=lock_timeout)
+                )
+        except (NodeLockTimeout, OSError) as exc:
+            # The node's state cannot be consulted now: every claim not settled yet gets a
+            # retryable error of its own (never a hang, never a failed call).
+            failure = _state_failure(exc, "prepare")
+            for ref in claims:
+                outcomes.setdefault(ref.uid, _Outcome(failure, self._clock.now()))
+        await self._emit_deferred_events()
+        results = await asyncio.gather(
+            *(self._report(ref, outcomes[ref.uid], started) for ref in claims)
+        )
         return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
 
-    async def _prepare_one(self, ref: ClaimRef, deadline: float) -> PrepareResult:
-        started = self._clock.now()
+    async def _settle(self, work: Awaitable[PrepareResult]) -> _Outcome:
         try:
-            result = await self._prepare_claim(ref, deadline)
-        except PrepareFailure as exc:
+            value: PrepareResult | Exception = await work
+        except Exception as exc:
+            value = exc
+        return _Outcome(value, self._clock.now())
+
+    async def _answer_prepared(self, claims: Sequence[ClaimRef]) -> dict[str, _Outcome]:
+        out: dict[str, _Outcome] = {}
+        for ref in claims:
+            entry = self._checkpoint.claims.get(ref.uid)
+            if entry is not None:
+                out[ref.uid] = await self._settle(self._already_prepared(entry))
+        return out
+
+    async def _read_and_plan(self, ref: ClaimRef, deadline: float) -> _Planned | _Outcome:
+        try:
+            claim = await self._get_claim(ref, deadline)
+            plan = self._plan(ref, claim)
+            return _Planned(plan, self._spec(plan))
+        except Exception as exc:
+            return _Outcome(exc, self._clock.now())
+
+    async def _prepare_planned(
+        self, ready: Sequence[tuple[ClaimRef, _Planned]]
+    ) -> dict[str, _Outcome]:
+        # Claims of the batch run concurrently; the device locks order them where they meet.
+        outcomes = await asyncio.gather(
+            *(self._settle(self._prepare_claim(ref, item)) for ref, item in ready)
+        )
+        return {ref.uid: outcome for (ref, _), outcome in zip(ready, outcomes, strict=True)}
+
+    async def _report(self, ref: ClaimRef, outcome: _Outcome, started: float) -> PrepareResult:
+        """Metrics, logs and the claim's Warning Event for one settled claim; its answer."""
+        self.metrics.prepare_seconds.observe(max(0.0, outcome.at - started))
+        exc = outcome.value
+        if isinstance(exc, PrepareResult):
+            return exc
+        if isinstance(exc, PrepareFailure):
             self.metrics.prepare_errors.labels(reason=exc.reason).inc()
             log.warning(
                 "prepare of ResourceClaim %s/%s (uid %s) failed: %s",
@@ -328,29 +544,24 @@ class Preparer:
                     action="Prepare",
                 )
             return PrepareResult(error=exc.message)
-        except Exception as exc:
-            # A bug must not take the other claims of the call down with it.
-            self.metrics.prepare_errors.labels(reason="Internal").inc()
-            log.exception(
-                "prepare of ResourceClaim %s/%s failed unexpectedly", ref.namespace, ref.name
-            )
-            return PrepareResult(
-                error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
-            )
-        finally:
-            self.metrics.prepare_seconds.observe(max(0.0, self._clock.now() - started))
-        return result
+        # A bug must not take the other claims of the call down with it.
+        self.metrics.prepare_errors.labels(reason="Internal").inc()
+        log.error(
+            "prepare of ResourceClaim %s/%s failed unexpectedly",
+            ref.namespace,
+            ref.name,
+            exc_info=exc,
+        )
+        return PrepareResult(
+            error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+        )
 
-    async def _prepare_claim(self, ref: ClaimRef, deadline: float) -> PrepareResult:
-        done = self._checkpoint.claims.get(ref.uid)
-        if done is not None:
-            return await self._already_prepared(done)
-
-        claim = await self._get_claim(ref, deadline)
-        plan = self._plan(ref, claim)
+    async def _prepare_claim(self, ref: ClaimRef, planned: _Planned) -> PrepareResult:
+        """Step 3 for one claim (node lock held, checkpoint fresh)."""
+        plan, spec = planned.plan, planned.spec
         async with self._locked(plan.device_indices):
-            # Re-check under the locks: a concurrent call may have prepared this very claim
-            # while we were reading it.
+            # Re-check under the locks: a concurrent call, or the other plugin instance, may
+            # have prepared this very claim while we were reading it.
             done = self._checkpoint.claims.get(ref.uid)
             if done is not None:
                 return await self._already_prepared(done)
@@ -362,7 +573,6 @@ class Preparer:
                     permanent=False,
                     event=True,
                 )
-            spec = self._spec(plan)
             try:
                 await asyncio.to_thread(self._write_spec, spec, ref.uid)
             except OSError as exc:
@@ -383,9 +593,8 @@ class Preparer:
             )
 
             def add(current: ckpt.Checkpoint) -> ckpt.Checkpoint:
-                # Checked again at commit time: the device locks are released if this call is
-                # cancelled (the kubelet's deadline) while its commit still runs, and the
-                # checkpoint is the one place where two claims must never both land.
+                # Checked again at commit time: the checkpoint is the one place where two
+                # claims must never both land, whatever happened to the locks above.
                 clash = ckpt.find_conflict(current, ref.uid, plan.device_indices)
                 if clash is not None:
                     raise PrepareFailure(
@@ -537,7 +746,21 @@ class Preparer:
     # -- Unprepare --------------------------------------------------------------------------
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
-        await self.start()
+        """All of the batch under the node lock: it is local file work only."""
+        lock_timeout = self._limits.lock_timeout
+        try:
+            await self.start(lock_timeout=lock_timeout)
+            results = await self._exclusive(
+                lambda: self._unprepare_batch(claims), within=lock_timeout
+            )
+        except (NodeLockTimeout, OSError) as exc:
+            failure = _state_failure(exc, "unprepare")
+            log.warning("unprepare of %d claim(s) postponed: %s", len(claims), failure.message)
+            results = {ref.uid: UnprepareResult(error=failure.message) for ref in claims}
+        await self._emit_deferred_events()
+        return results
+
+    async def _unprepare_batch(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         results = await asyncio.gather(*(self._unprepare_one(ref) for ref in claims))
         return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
 
@@ -566,9 +789,10 @@ class Preparer:
     # -- helpers ----------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait for checkpoint writes whose callers were cancelled (call before exiting)."""
-        while self._commits:
-            await asyncio.gather(*self._commits, return_exceptions=True)
+        """Wait for checkpoint writes and node-locked work whose callers were cancelled (call
+        before exiting)."""
+        while self._commits or self._background:
+            await asyncio.gather(*self._commits, *self._background, return_exceptions=True)
 
     async def _commit(self, change: Callable[[ckpt.Checkpoint], ckpt.Checkpoint]) -> None:
         """Apply ``change`` to the checkpoint, persist it, then publish it in memory.
@@ -587,6 +811,7 @@ class Preparer:
             new = change(self._checkpoint)
             await asyncio.to_thread(ckpt.save, self._ckpt_path, new)
             self._checkpoint = new
+            self._ckpt_raw = ckpt.encode(new)
             self.metrics.prepared_claims.set(len(new.claims))
 
     @contextlib.asynccontextmanager
