@@ -275,6 +275,8 @@ class KubeletPlugin:
         # Registration socket first (PluginServer.stop does), so the kubelet stops sending.
         with contextlib.suppress(Exception):
             await self.server.stop(grace=5.0)
+        # Checkpoint commits of calls the gRPC layer cancelled still finish before we exit.
+        await self.preparer.drain()
         await self.labeller.stop()
         await self.publisher.stop()
         await self.http.stop()

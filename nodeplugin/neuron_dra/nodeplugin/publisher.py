@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import types
 from collections import Counter as CounterDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -509,6 +510,10 @@ class SlicePublisher:
         )
         # name -> our write's result (None: we deleted it), until the watch catches up.
         self._overrides: dict[str, JsonDict | None] = {}
+        # (names and resourceVersions of the slices it was built from, the view)
+        self._published_view: (
+            tuple[tuple[tuple[str, str], ...], Mapping[str, Mapping[str, Any]]] | None
+        ) = None
         self._last_desired: dict[str, JsonDict] | None = None
         self._last_node_facts: tuple[str, tuple[tuple[str, str], ...]] | None = None
         self._generation: int | None = None
@@ -612,23 +617,33 @@ class SlicePublisher:
     def sync_failures(self) -> int:
         return self._worker.failures
 
-    def published_devices(self) -> dict[str, dict[str, Any]]:
+    def published_devices(self) -> Mapping[str, Mapping[str, Any]]:
         """Device name -> attributes, as currently published (the highest pool generation).
 
         This is what schedulers allocate from, so the prepare path checks ``workloadId``
-        against it rather than against what we would like to publish. Copies: safe to keep.
+        against it rather than against what we would like to publish. It is on the hot path of
+        every NodePrepareResources call, so the view is built once per set of published slice
+        versions and shared, read-only, until a slice changes.
         """
         slices = self._existing()
-        if not slices:
-            return {}
-        top = max(pool_generation(s) for s in slices)
-        out: dict[str, dict[str, Any]] = {}
-        for s in slices:
-            if pool_generation(s) != top:
-                continue
-            for dev in (s.get("spec") or {}).get("devices") or []:
-                out[str(dev.get("name"))] = copy.deepcopy(dev.get("attributes") or {})
-        return out
+        versions = tuple(
+            (slice_name_of(s), str((s.get("metadata") or {}).get("resourceVersion", "")))
+            for s in slices
+        )
+        if self._published_view is not None and self._published_view[0] == versions:
+            return self._published_view[1]
+        out: dict[str, Mapping[str, Any]] = {}
+        if slices:
+            top = max(pool_generation(s) for s in slices)
+            for s in slices:
+                if pool_generation(s) != top:
+                    continue
+                for dev in (s.get("spec") or {}).get("devices") or []:
+                    attrs = copy.deepcopy(dev.get("attributes") or {})
+                    out[str(dev.get("name"))] = types.MappingProxyType(attrs)
+        view = types.MappingProxyType(out)
+        self._published_view = (versions, view)
+        return view
 
     # --- the sync ------------------------------------------------------------------------
 
