@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from neuron_dra.common.constants import DRIVER_NAME, NODE_DEVICE_NAME, device_name
+from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import NODES, RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.errors import KubeError, NotFoundError
@@ -70,7 +71,6 @@ from neuron_dra.nodeplugin.cdi import (
 )
 from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.nodeplugin.kubeletapi import (
     ClaimRef,
     DriverBackend,
