@@ -8,9 +8,6 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest_asyncio
 from kubernetes_asyncio import client
-from neuron_dra.common.k8s.client import KubeClient
-from neuron_dra.common.k8s.clock import FakeClock
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.events import (
     MAX_NOTE_BYTES,
     EventRecorder,
@@ -20,6 +17,9 @@ from neuron_dra.common.events import (
     micro_time,
     truncate_utf8,
 )
+from neuron_dra.common.k8s.client import KubeClient
+from neuron_dra.common.k8s.clock import FakeClock
+from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 
 NODE = "trn2-node-0"
 CLAIM = ObjectRef.resource_claim("team-a", "pod0-neurons", "c1a1m-uid")

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
 from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.common.events import EventRecorder
 from neuron_dra.common.k8s.cache import Store
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
+from prometheus_client import CollectorRegistry
 
 #: ``reportingController`` of the controller's Events.
 REPORTING_CONTROLLER = "neuron.aws.com/ultraserver-controller"
