@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -430,6 +431,18 @@ def test_reserved_devices_need_the_workloads_claim() -> None:
 
     mine = make_claim([result("neuronnode")], [opaque(us_mode(4))], labels={LABEL: "train-a-1x2"})
     assert plan(mine, TRN2U, published).workload_id == "train-a-1x2"
+
+
+def test_read_only_published_views_are_checked_too() -> None:
+    # The publisher shares MappingProxyType views; a dict-only check once let every claim
+    # through on reserved nodes.
+    published = {
+        name: types.MappingProxyType(dict(attrs))
+        for name, attrs in published_for(TRN2U, {"node": "train-a"}).items()
+    }
+    claim = make_claim([result("neuronnode")], [opaque(us_mode(4))])
+    with pytest.raises(ClaimError, match="reserved for workload train-a"):
+        plan(claim, TRN2U, types.MappingProxyType(published))
 
 
 def test_node_device_checks_every_overlapped_device() -> None:

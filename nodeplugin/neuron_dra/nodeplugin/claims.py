@@ -125,8 +125,10 @@ def _base(request: str) -> str:
     return request.split("/", 1)[0]
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def _dict(value: Any) -> Mapping[str, Any]:
+    # Any mapping: the publisher hands out read-only views (MappingProxyType) of what it
+    # published, and a dict-only check would make every device look untagged.
+    return value if isinstance(value, Mapping) else {}
 
 
 def _list(value: Any) -> list[Any]:
