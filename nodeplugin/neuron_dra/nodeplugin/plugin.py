@@ -39,6 +39,7 @@ from neuron_dra.nodeplugin.discovery.udev import scan_udev
 from neuron_dra.nodeplugin.kubeletapi import DeviceHealthReport, HealthBoard, PluginServer
 from neuron_dra.nodeplugin.preparer import Preparer
 from neuron_dra.nodeplugin.publisher import NodeLabeller, PublisherMetrics, SlicePublisher
+from neuron_dra.nodeplugin.reservations import ReservationWatcher
 from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 #: driver version. Hot-plug of Neuron devices does not happen on these instances, so polling
 #: is simpler and more portable than udev monitoring (reference/python-eco.md §6).
 DEFAULT_RESCAN_INTERVAL = 30.0
+#: How long start-up waits for the NeuronUltraServer list before publishing anyway.
+RESERVATIONS_SYNC_TIMEOUT = 30.0
 
 
 def dra_driver_version() -> str:
@@ -107,11 +110,20 @@ class KubeletPlugin:
         self._emulated: EmulatedPaths | None = None
         self.health = HealthBoard()
         publisher_metrics = PublisherMetrics(self.registry)
+        # UltraServer reservations (NeuronUltraServer allocations naming this node) become
+        # workloadId tags on our slice and ranks in the containers' environment.
+        self.reservations = ReservationWatcher(
+            kube,
+            node_name=config.node_name,
+            on_change=lambda: self.publisher.request_sync(),
+            registry=self.registry,
+        )
         self.publisher = SlicePublisher(
             kube,
             node_name=config.node_name,
             dra_driver_version=dra_driver_version(),
             inventory=lambda: self.inventory,
+            workload_ids=self.reservations.workload_ids,
             driver_name=config.driver_name,
             metrics=publisher_metrics,
         )
@@ -128,6 +140,7 @@ class KubeletPlugin:
             checkpoint_path=config.data_dir / "checkpoint.json",
             inventory=self._require_inventory,
             published=self.publisher.published_devices,
+            topology=self.reservations.topology,
             driver_name=config.driver_name,
             registry=self.registry,
             boot_id_path=config.boot_id_path,
@@ -144,6 +157,7 @@ class KubeletPlugin:
         self.http.add_liveness("grpc", self._serving_check)
         self.http.add_readiness("registered", self._registered_check)
         self.http.add_readiness("resourceslice", self.publisher.readiness_check)
+        self.http.add_readiness("reservations", self._reservations_check)
         self._rescan_task: asyncio.Task[None] | None = None
         self._started = False
 
@@ -238,6 +252,11 @@ class KubeletPlugin:
                 return False, f"socket {sock} is gone"
         return True, "ok"
 
+    def _reservations_check(self) -> tuple[bool, str]:
+        if self.reservations.reflector.has_synced():
+            return True, "NeuronUltraServers listed"
+        return False, "waiting for the NeuronUltraServer list"
+
     def _registered_check(self) -> tuple[bool, str]:
         if self.server.registered.is_set():
             return True, "registered with the kubelet"
@@ -254,6 +273,18 @@ class KubeletPlugin:
         await self.discover()
         await self.preparer.start()
         self.labeller.watch_node(self.publisher.node_reflector)
+        # Publishing before the reservations are known would briefly show a reserved node as
+        # free after a restart, and the scheduler could hand its devices to anyone.
+        self.reservations.start()
+        try:
+            await asyncio.wait_for(self.reservations.wait_synced(), RESERVATIONS_SYNC_TIMEOUT)
+        except TimeoutError:
+            # Without the CRD (or RBAC for it) the list never succeeds; a node with no slice
+            # helps nobody, so publish untagged and keep /readyz failing with the reason.
+            log.warning(
+                "NeuronUltraServers not listed after %.0fs; publishing without reservations",
+                RESERVATIONS_SYNC_TIMEOUT,
+            )
         self.publisher.start()
         self.labeller.start()
         await self.server.start()
@@ -279,5 +310,6 @@ class KubeletPlugin:
         await self.preparer.drain()
         await self.labeller.stop()
         await self.publisher.stop()
+        await self.reservations.stop()
         await self.http.stop()
         self._started = False
