@@ -1,18 +1,21 @@
 """``neuron-dra-controller`` entry point.
 
-The flags are the contract of the Deployment (issue #4). The reconcilers are
-not in this release yet, so the process refuses to start instead of pretending
-to manage UltraServers.
+The flags are the contract of the Deployment; ``ControllerManager`` does the work.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
 from collections.abc import Sequence
 
 from neuron_dra.common.constants import DRIVER_NAMESPACE
-from neuron_dra.common.logsetup import add_logging_flags
+from neuron_dra.common.k8s.client import connect
+from neuron_dra.common.k8s.errors import PermanentError
+from neuron_dra.common.logsetup import add_logging_flags, setup_logging
+from neuron_dra.controller.manager import ControllerManager, ManagerConfig, default_identity
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,19 +31,55 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"namespace for NeuronUltraServers and the leader Lease (default {DRIVER_NAMESPACE})",
     )
     parser.add_argument("--leader-elect", action="store_true", help="use Lease leader election")
-    parser.add_argument("--http-port", type=int, default=8080, help="metrics/health port")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8080,
+        help="healthz/readyz/metrics port; 0 picks a free one and prints it",
+    )
     add_logging_flags(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print(
-        "neuron-dra-controller: the UltraServer reconcilers are not part of this build yet "
-        "(tracked in issue #4); refusing to start.",
-        file=sys.stderr,
+async def run(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    config = ManagerConfig(
+        namespace=args.namespace,
+        leader_elect=args.leader_elect,
+        identity=default_identity(),
+        http_port=args.http_port,
     )
-    return 2
+    async with await connect(args.kubeconfig) as kube:
+        manager = ControllerManager(kube, config)
+        try:
+            await manager.start()
+            print(f"neuron-dra-controller: http port {manager.http.port}", flush=True)
+            stopped = asyncio.create_task(stop.wait())
+            lost = asyncio.create_task(manager.wait_lost())
+            done, pending = await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            if lost in done and not stop.is_set():
+                # As client-go controllers do: a replica that lost its lease exits and is
+                # restarted, so it never acts on a stale view of leadership.
+                print("neuron-dra-controller: lost leadership; exiting", file=sys.stderr)
+                return 1
+        finally:
+            await manager.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbosity, args.logging_format)
+    try:
+        return asyncio.run(run(args))
+    except PermanentError as exc:
+        print(f"neuron-dra-controller: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
