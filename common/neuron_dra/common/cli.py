@@ -18,7 +18,8 @@ from neuron_dra.common.logsetup import add_logging_flags, setup_logging
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="neuron-dra",
-        description="AWS Neuron DRA driver tooling: simulated cluster, fake API server.",
+        description="AWS Neuron DRA driver tooling: simulated cluster, fake API server, "
+        "claim checker.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -57,6 +58,53 @@ def _parser() -> argparse.ArgumentParser:
         "(default: the Neuron CRDs); may be repeated",
     )
     add_logging_flags(fake)
+
+    check = sub.add_parser(
+        "check-claim",
+        help="show which nodes and devices would satisfy a ResourceClaim(Template), or why none",
+        description="Allocate each ResourceClaimTemplate/ResourceClaim in FILE the way "
+        "kube-scheduler would, against a live cluster, a file of ResourceSlices or emulated "
+        "nodes, and check that the kubelet plugin could prepare the result. Exit code 0: every "
+        "claim fits; 1: one does not; 2: bad input.",
+    )
+    check.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        metavar="FILE",
+        action="append",
+        required=True,
+        help="YAML with ResourceClaimTemplates/ResourceClaims (DeviceClasses in it are used "
+        "too); may be repeated",
+    )
+    source = check.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="check against a live cluster: its ResourceSlices, DeviceClasses and the devices "
+        "allocated claims hold",
+    )
+    source.add_argument(
+        "--slices",
+        metavar="FILE",
+        help="check against the ResourceSlices in FILE (YAML/JSON list, List or documents; "
+        "allocated ResourceClaims in it count as in use)",
+    )
+    source.add_argument(
+        "--emulate",
+        metavar="TYPE",
+        action="append",
+        help="check against a freshly emulated node of instance type TYPE (the project's "
+        "DeviceClasses); may be repeated",
+    )
+    check.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="output format (default text)",
+    )
+    add_logging_flags(check)
     return parser
 
 
@@ -72,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from neuron_dra.common.commands.sim import run_sim
 
             return asyncio.run(run_sim(args))
+        if args.command == "check-claim":
+            from neuron_dra.common.commands.check_claim import run_check_claim
+
+            return run_check_claim(args)
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")

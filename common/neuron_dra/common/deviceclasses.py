@@ -1,0 +1,57 @@
+"""The project's DeviceClasses (DESIGN §3.1), defined once.
+
+The Helm chart, the simulated cluster and ``neuron-dra check-claim`` all use these objects, so
+what a template selects in a test is what it selects in a cluster.
+
+- ``neuron.aws.com``: every Neuron device (and the ``neuronnode`` whole-node device) that is
+  not reserved for an UltraServer workload, i.e. has no ``workloadId`` attribute.
+- ``ultraserver.neuron.aws.com``: only devices reserved for a workload; the templates the
+  controller generates add a selector for their own ``workloadId``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neuron_dra.common.constants import (
+    ATTR_WORKLOAD_ID,
+    DEVICE_CLASS_NEURON,
+    DEVICE_CLASS_ULTRASERVER,
+    DRIVER_NAME,
+)
+
+DEVICE_CLASS_API_VERSION: Final = "resource.k8s.io/v1"
+
+_OURS: Final = f'device.driver == "{DRIVER_NAME}"'
+_RESERVED: Final = f'"{ATTR_WORKLOAD_ID}" in device.attributes["{DRIVER_NAME}"]'
+
+#: CEL selector of the ``neuron.aws.com`` class: our devices that are not reserved.
+NEURON_CLASS_EXPRESSION: Final = f"{_OURS} && !({_RESERVED})"
+#: CEL selector of the ``ultraserver.neuron.aws.com`` class: our reserved devices.
+ULTRASERVER_CLASS_EXPRESSION: Final = f"{_OURS} && {_RESERVED}"
+
+#: Class name -> its single CEL selector.
+CLASS_EXPRESSIONS: Final[dict[str, str]] = {
+    DEVICE_CLASS_NEURON: NEURON_CLASS_EXPRESSION,
+    DEVICE_CLASS_ULTRASERVER: ULTRASERVER_CLASS_EXPRESSION,
+}
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    """A ``resource.k8s.io/v1`` DeviceClass selecting devices with one CEL expression."""
+    return {
+        "apiVersion": DEVICE_CLASS_API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def default_device_classes() -> list[dict[str, Any]]:
+    """The project's DeviceClasses, as fresh dicts (callers may add labels and the like)."""
+    return [device_class(name, expr) for name, expr in CLASS_EXPRESSIONS.items()]
+
+
+def default_classes_by_name() -> dict[str, dict[str, Any]]:
+    """``default_device_classes`` keyed by name, the shape the structured allocator takes."""
+    return {c["metadata"]["name"]: c for c in default_device_classes()}
