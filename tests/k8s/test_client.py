@@ -243,6 +243,25 @@ async def test_connect_from_kubeconfig(fake_apiserver: FakeAPIServer, tmp_path: 
         assert kube.api_client.configuration.api_key.get("BearerToken", "").endswith("fake-token")
 
 
+@pytest.mark.parametrize("proxied", [False, True])
+async def test_connect_reads_the_proxy_environment_once(
+    fake_apiserver: FakeAPIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, proxied: bool
+) -> None:
+    """No per-request netrc/proxy look-ups (a worker thread each) unless a proxy from the
+    environment applies to the API server; then the session keeps honouring it."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if proxied:
+        monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    path = tmp_path / "kubeconfig"
+    fake_apiserver.write_kubeconfig(path)
+    async with await connect(path) as kube:
+        assert kube.api_client.rest_client.pool_manager.trust_env is proxied
+        if not proxied:
+            cm = await kube.resource(CONFIG_MAPS).create(configmap("no-env-lookups"))
+            assert cm["metadata"]["name"] == "no-env-lookups"
+
+
 async def test_connect_without_config_is_permanent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

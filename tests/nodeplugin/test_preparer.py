@@ -374,6 +374,147 @@ async def test_racing_claims_for_one_device_cannot_both_win(env: Env) -> None:
     assert {f for f in os.listdir(env.cdi_root)} == {spec_file_name(winners[0])}
 
 
+# --- group commit: one checkpoint write per batch ---------------------------------------------
+
+
+def count_saves(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """Record the claim uids of every checkpoint written from now on."""
+    saved: list[set[str]] = []
+    real_save = ckpt.save
+
+    def counting_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
+        saved.append(set(checkpoint.claims))
+        return real_save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", counting_save)
+    return saved
+
+
+async def test_batch_is_recorded_with_one_write_and_a_conflict_fails_alone(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = env.claim("holder", ["neurondevice3"])
+    p = env.preparer()
+    ok((await p.prepare([holder]))[holder.uid])
+    inode = env.checkpoint_path.stat().st_ino
+    a = env.claim("a", ["neurondevice1"])
+    taken = env.claim("taken", ["neurondevice3"])
+    b = env.claim("b", ["neurondevice2"])
+    saved = count_saves(monkeypatch)
+    results = await p.prepare([a, taken, b])
+    ok(results[a.uid])
+    ok(results[b.uid])
+    assert "already prepared for ResourceClaim default/holder" in results[taken.uid].error
+    assert saved == [{holder.uid, a.uid, b.uid}]  # one write for the whole batch
+    assert env.checkpoint_path.stat().st_ino != inode
+    assert set(ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims) == {
+        holder.uid,
+        a.uid,
+        b.uid,
+    }
+    assert env.spec_path(a.uid).exists() and env.spec_path(b.uid).exists()
+    assert not env.spec_path(taken.uid).exists()
+    # Unprepare of the batch: one write too (the unknown claim costs none).
+    saved.clear()
+    results_u = await p.unprepare([a, taken, b])
+    assert all(r.error == "" for r in results_u.values())
+    assert saved == [{holder.uid}]
+    assert not env.spec_path(a.uid).exists() and not env.spec_path(b.uid).exists()
+
+
+async def test_claims_of_one_batch_wanting_one_device_first_wins(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = env.claim("first", ["neurondevice4"])
+    second = env.claim("second", ["neurondevice4"])
+    other = env.claim("other", ["neurondevice5"])
+    p = env.preparer()
+    await p.start()
+    saved = count_saves(monkeypatch)
+    results = await p.prepare([first, second, other])
+    ok(results[first.uid])
+    ok(results[other.uid])
+    assert results[second.uid].error.startswith(
+        f"device neurondevice4 is already prepared for ResourceClaim default/first "
+        f"(uid {first.uid})"
+    )
+    assert saved == [{first.uid, other.uid}]
+    assert {f for f in os.listdir(env.cdi_root)} == {
+        spec_file_name(first.uid),
+        spec_file_name(other.uid),
+    }
+
+
+async def test_new_claims_take_the_node_lock_once(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1 needs no lock round trip when the file shows none of the claims prepared; a
+    repeat (a claim we know) still goes through it and is answered without an API read."""
+    x = env.claim("x", ["neurondevice8"])
+    p = env.preparer()
+    await p.start()
+    acquired = 0
+    real_acquire = NodeLock.acquire
+
+    async def counting_acquire(self: NodeLock, within: float) -> None:
+        nonlocal acquired
+        acquired += 1
+        await real_acquire(self, within)
+
+    monkeypatch.setattr(NodeLock, "acquire", counting_acquire)
+    ok((await p.prepare([x]))[x.uid])
+    assert acquired == 1
+    gets = env.claim_gets
+    ok((await p.prepare([x]))[x.uid])
+    assert acquired == 2 and env.claim_gets == gets
+
+
+async def test_failed_batch_write_fails_every_claim_and_leaves_no_spec(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refs = [env.claim(f"c{i}", [f"neurondevice{i}"]) for i in range(3)]
+    p = env.preparer()
+    await p.start()
+
+    def failing_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save", failing_save)
+    results = await p.prepare(refs)
+    for ref in refs:
+        assert "cannot record ResourceClaim" in results[ref.uid].error
+        assert "No space left on device" in results[ref.uid].error
+    assert os.listdir(env.cdi_root) == []
+    assert p.checkpoint.claims == {}
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "CheckpointWriteFailed"}) == 3
+    monkeypatch.undo()
+    results = await p.prepare(refs)  # the kubelet's retry
+    assert all(not r.error for r in results.values())
+
+
+async def test_spec_write_failure_fails_only_its_claim(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = env.claim("good", ["neurondevice6"])
+    bad = env.claim("bad", ["neurondevice7"])
+    p = env.preparer()
+    await p.start()
+    saved = count_saves(monkeypatch)
+    real_write = Preparer._write_spec
+
+    def flaky_write(self: Preparer, spec: Mapping[str, Any], uid: str) -> None:
+        if uid == bad.uid:
+            raise OSError(5, "Input/output error")
+        real_write(self, spec, uid)
+
+    monkeypatch.setattr(Preparer, "_write_spec", flaky_write)
+    results = await p.prepare([bad, good])
+    ok(results[good.uid])
+    assert "cannot write CDI spec for ResourceClaim default/bad" in results[bad.uid].error
+    assert saved == [{good.uid}]
+    assert not env.spec_path(bad.uid).exists()
+
+
 # --- per-claim failures ----------------------------------------------------------------------
 
 
@@ -583,10 +724,10 @@ async def test_cancelled_prepare_keeps_memory_and_disk_in_step(
     release = threading.Event()
     real_save = ckpt.save
 
-    def slow_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+    def slow_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
         loop.call_soon_threadsafe(saving.set)
         release.wait(10)
-        real_save(path, checkpoint)
+        return real_save(path, checkpoint)
 
     monkeypatch.setattr(ckpt, "save", slow_save)
     call = asyncio.create_task(p.prepare([ref]))
@@ -711,13 +852,13 @@ async def test_recovery_waits_for_the_other_instances_prepare(
     real_save = ckpt.save
     calls = 0
 
-    def gated_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+    def gated_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
         nonlocal calls
         calls += 1
         if calls == 1:
             loop.call_soon_threadsafe(saving.set)
             release.wait(10)
-        real_save(path, checkpoint)
+        return real_save(path, checkpoint)
 
     monkeypatch.setattr(ckpt, "save", gated_save)
     preparing = asyncio.create_task(a.prepare([x]))
@@ -753,13 +894,13 @@ async def test_cancelled_prepare_keeps_the_lock_until_its_write_is_done(
     real_save = ckpt.save
     calls = 0
 
-    def gated_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+    def gated_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
         nonlocal calls
         calls += 1
         if calls == 1:
             loop.call_soon_threadsafe(saving.set)
             release.wait(10)
-        real_save(path, checkpoint)
+        return real_save(path, checkpoint)
 
     monkeypatch.setattr(ckpt, "save", gated_save)
     call = asyncio.create_task(a.prepare([x]))

@@ -119,6 +119,12 @@ class Checkpoint:
             self, claims=MappingProxyType({k: v for k, v in self.claims.items() if k != uid})
         )
 
+    def without_claims(self, uids: Iterable[str]) -> Checkpoint:
+        drop = set(uids)
+        return replace(
+            self, claims=MappingProxyType({k: v for k, v in self.claims.items() if k not in drop})
+        )
+
 
 def find_conflict(
     checkpoint: Checkpoint, uid: str, indices: Iterable[int]
@@ -289,13 +295,17 @@ def read_boot_id(path: Path = DEFAULT_BOOT_ID_PATH) -> str:
         return ""
 
 
-def save(path: Path, checkpoint: Checkpoint) -> None:
-    """Write atomically and durably: readers and crashes see the old file or the new one."""
+def save(path: Path, checkpoint: Checkpoint) -> bytes:
+    """Write atomically and durably: readers and crashes see the old file or the new one.
+
+    Returns the bytes written (what a later :func:`read_raw` of an unchanged file gives).
+    """
+    raw = encode(checkpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(encode(checkpoint))
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -309,6 +319,7 @@ def save(path: Path, checkpoint: Checkpoint) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    return raw
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from neuron_dra.common.constants import (
     ATTR_WORKLOAD_ID,
@@ -26,13 +26,6 @@ from neuron_dra.common.constants import (
     LABEL_WORKLOAD_ID,
     NODE_DEVICE_NAME,
     device_name,
-)
-from neuron_dra.common.models.configs import (
-    ConfigError,
-    NeuronConfig,
-    OpaqueConfig,
-    UltraServerConfig,
-    decode_opaque_config,
 )
 from neuron_dra.common.profiles import (
     InstanceProfile,
@@ -46,10 +39,23 @@ from neuron_dra.nodeplugin.slices import (
     ultraserver_node_counts,
 )
 
+if TYPE_CHECKING:
+    from neuron_dra.common.models.configs import NeuronConfig, OpaqueConfig, UltraServerConfig
+
 SOURCE_CLASS: Final = "FromClass"
 SOURCE_CLAIM: Final = "FromClaim"
 
 _DEVICE_NAME = re.compile(re.escape(DEVICE_NAME_PREFIX) + r"(0|[1-9][0-9]*)")
+
+
+def load_config_models() -> None:
+    """Import the opaque-config models now (pydantic; the plugin calls it before serving).
+
+    They are imported where claims are decoded rather than with this module: pydantic and the
+    models cost ~0.3 s of start-up, and nothing before the first ResourceSlice publish needs
+    them (this module is imported for its types by the slice side too).
+    """
+    import neuron_dra.common.models.configs  # noqa: F401
 
 
 class ClaimError(Exception):
@@ -138,6 +144,8 @@ def _list(value: Any) -> list[Any]:
 def _decode_configs(raw: Sequence[Any], *, driver_name: str, claim: str) -> list[_Config]:
     """Decode every config addressed to us, even ones applying to no allocated request: a
     mistake in them is still the user's to fix, better reported now than on the next pod."""
+    from neuron_dra.common.models.configs import ConfigError, decode_opaque_config
+
     out: list[_Config] = []
     for i, entry in enumerate(raw):
         entry = _dict(entry)
@@ -233,6 +241,8 @@ def plan_claim(
 
     indices = _device_indices(key, node, by_device, inventory, published)
     _check_connected(key, profile, by_device, indices)
+
+    from neuron_dra.common.models.configs import NeuronConfig, UltraServerConfig
 
     configs = _decode_configs(_list(allocation.get("config")), driver_name=driver_name, claim=key)
     requests = sorted({r for rs in by_device.values() for r in rs})

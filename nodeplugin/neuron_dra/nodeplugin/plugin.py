@@ -7,7 +7,8 @@ module and is tested on its own. Start-up order matters to the kubelet:
    served before we know what this node has;
 2. recover prepared claims from the checkpoint (CDI specs of running pods must exist before
    the kubelet talks to us again);
-3. publish the ResourceSlice and the Node labels (the publisher keeps them published);
+3. publish the ResourceSlice and the Node labels (the publisher keeps them published); what
+   only Prepare needs (its config models) is imported after the first publish, before 4;
 4. serve the DRA socket, and only then create the registration socket (``PluginServer``);
 5. serve ``/healthz``, ``/readyz`` (registered and slice published) and ``/metrics``.
 
@@ -29,6 +30,7 @@ from neuron_dra.common.constants import DRIVER_NAME
 from neuron_dra.common.httpserver import HttpServer
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
+from neuron_dra.nodeplugin.claims import load_config_models
 from neuron_dra.nodeplugin.discovery.emulation import (
     EmulatedPaths,
     scan_emulated,
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 #: driver version. Hot-plug of Neuron devices does not happen on these instances, so polling
 #: is simpler and more portable than udev monitoring (reference/python-eco.md §6).
 DEFAULT_RESCAN_INTERVAL = 30.0
+#: How long start-up lets the first publish go ahead of the remaining imports (then serves
+#: anyway: an API server that does not take the slice must not keep the kubelet waiting).
+PUBLISH_BEFORE_IMPORT_WAIT = 1.0
 #: How long start-up waits for the NeuronUltraServer list before publishing anyway.
 RESERVATIONS_SYNC_TIMEOUT = 30.0
 
@@ -287,6 +292,13 @@ class KubeletPlugin:
             )
         self.publisher.start()
         self.labeller.start()
+        # Prepare's config models (pydantic) were left out of the imports so far: nothing
+        # before the publish needs them. Load them before serving, so that no Prepare pays
+        # for it, but after the first publish (bounded wait), which the import would slow
+        # down (it holds the GIL for a few hundred ms).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.publisher.published.wait(), PUBLISH_BEFORE_IMPORT_WAIT)
+        await asyncio.to_thread(load_config_models)
         await self.server.start()
         await self.http.start(cfg.http_host, cfg.http_port)
         self._rescan_task = asyncio.create_task(self._rescan_loop(), name="rescan")

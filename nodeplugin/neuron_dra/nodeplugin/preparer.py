@@ -17,23 +17,26 @@ in the checkpoint. That order matters for crashes: a crash after the spec write 
 orphan spec that the start-up sweep deletes; the reverse order could leave a checkpoint entry
 whose spec never existed, which a repeated Prepare would then report as done.
 
-Claims of one call run concurrently. Device locks (taken in index order, so two claims never
-wait on each other crosswise) serialize everything from the conflict check to the checkpoint
-write, so two claims racing for one device cannot both win.
+Claims of one call are read and planned concurrently, then decided one after the other in
+call order (so of two claims of a call wanting one device, the first wins) and recorded
+together: one worker-thread call writes the accepted claims' CDI specs and then the
+checkpoint once for the whole batch (group commit). A claim refused or whose spec cannot be
+written fails alone; if the checkpoint write fails, every claim of the batch fails and their
+specs are taken back.
 
 Several plugin instances (reference/kubelet-dra.md §4.4): during a rolling update the old and
 the new pod serve the kubelet side by side, and it may send any call to either. They share
 the checkpoint and the CDI directory, so everything that reads or changes them runs under the
 node lock (:mod:`.nodelock`, ``serialize.lock`` next to the checkpoint), and each holder first
-re-reads the checkpoint if the other instance changed it. A Prepare batch takes the lock twice:
+re-reads the checkpoint if the other instance changed it. A Prepare batch has three steps:
 
 1. to answer the claims already prepared on this node (by either instance), without an API
-   call, from the checkpoint as it is now;
+   call, from the checkpoint as it is now. Under the node lock; skipped when one read of the
+   file (saves replace it atomically) shows the version we know and none of the claims in it;
 2. (no lock) to read and plan the other claims: API calls may take the whole budget, and
    holding the lock through them would stall every call of the other instance;
 3. to check conflicts, write the CDI specs and record the entries, for the whole batch at
-   once: one short hold of local file work in which the batch's claims still run
-   concurrently (the device locks order them), instead of one lock round trip per claim.
+   once: one short hold of local file work, one checkpoint write.
 
 Unprepare and the start-up recovery hold it throughout (local file work only). API calls
 (Events) never run under it. Waiting for it is bounded by ``PrepareLimits.lock_timeout``;
@@ -47,7 +50,7 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -292,11 +295,10 @@ class Preparer:
         self._node_lock = NodeLock(lock_path(checkpoint_path.parent))
         # Serializes checkpoint read-modify-write-to-disk; held only around the save.
         self._ckpt_lock = asyncio.Lock()
-        self._device_locks: dict[int, asyncio.Lock] = {}
         self._node_uid: str | None = None
         # Commits, and node-locked sections, still running after their caller was cancelled
         # (kept so they are not garbage-collected mid-flight).
-        self._commits: set[asyncio.Future[None]] = set()
+        self._commits: set[asyncio.Future[Any]] = set()
         self._background: set[asyncio.Future[Any]] = set()
         # (reason, note) of Node Events noted under the node lock, sent after it.
         self._deferred_events: list[tuple[str, str]] = []
@@ -347,7 +349,10 @@ class Preparer:
         """
         if self._boot_id is None:
             self._boot_id = await asyncio.to_thread(ckpt.read_boot_id, self._boot_id_path)
-        raw = await asyncio.to_thread(ckpt.read_raw, self._ckpt_path)
+        # Read on the event loop: the file is small and bounded (one entry per prepared
+        # claim, at most one claim per device) and in the page cache (just written, by us or
+        # the other instance); a worker-thread hop costs more than the read.
+        raw = ckpt.read_raw(self._ckpt_path)
         if self._loaded and not force and raw == self._ckpt_raw:
             return
         result = await asyncio.to_thread(
@@ -370,8 +375,7 @@ class Preparer:
         self._loaded = True
         self.metrics.prepared_claims.set(len(result.checkpoint.claims))
         if result.dirty:
-            await asyncio.to_thread(ckpt.save, self._ckpt_path, result.checkpoint)
-            self._ckpt_raw = ckpt.encode(result.checkpoint)
+            self._ckpt_raw = await asyncio.to_thread(ckpt.save, self._ckpt_path, result.checkpoint)
 
     async def _emit_deferred_events(self) -> None:
         """Node Events noted under the node lock, sent after it (no API calls under it)."""
@@ -458,10 +462,14 @@ class Preparer:
         outcomes: dict[str, _Outcome] = {}
         try:
             await self.start(lock_timeout=lock_timeout)
-            # 1. Node lock: claims this node has prepared already, by us or another instance.
-            outcomes.update(
-                await self._exclusive(lambda: self._answer_prepared(claims), within=lock_timeout)
-            )
+            # 1. Node lock: claims this node has prepared already, by us or another instance
+            #    (skipped when the file shows that none of them is).
+            if not self._none_prepared(claims):
+                outcomes.update(
+                    await self._exclusive(
+                        lambda: self._answer_prepared(claims), within=lock_timeout
+                    )
+                )
             # 2. No lock: read and plan the others (API calls, up to the whole budget).
             todo = [ref for ref in claims if ref.uid not in outcomes]
             planned = await asyncio.gather(*(self._read_and_plan(ref, deadline) for ref in todo))
@@ -495,6 +503,24 @@ class Preparer:
             value = exc
         return _Outcome(value, self._clock.now())
 
+    def _none_prepared(self, claims: Sequence[ClaimRef]) -> bool:
+        """Whether the checkpoint file, as it is now, records none of ``claims``: then step 1
+        has nothing to answer and its node-lock round trip is skipped.
+
+        No lock is needed to know that: saves replace the file atomically, so one read gives
+        one complete version. If its bytes are those we last read or wrote, our in-memory
+        checkpoint is that version, and a claim missing from it was not prepared at the time
+        of the read (step 3 re-checks under the lock anyway). Any doubt (file changed, claim
+        known, unreadable file) takes the locked path, which also reloads the file.
+        """
+        if not self._loaded or any(ref.uid in self._checkpoint.claims for ref in claims):
+            return False
+        try:
+            raw = ckpt.read_raw(self._ckpt_path)
+        except OSError:
+            return False
+        return raw == self._ckpt_raw
+
     async def _answer_prepared(self, claims: Sequence[ClaimRef]) -> dict[str, _Outcome]:
         out: dict[str, _Outcome] = {}
         for ref in claims:
@@ -514,11 +540,112 @@ class Preparer:
     async def _prepare_planned(
         self, ready: Sequence[tuple[ClaimRef, _Planned]]
     ) -> dict[str, _Outcome]:
-        # Claims of the batch run concurrently; the device locks order them where they meet.
-        outcomes = await asyncio.gather(
-            *(self._settle(self._prepare_claim(ref, item)) for ref, item in ready)
-        )
-        return {ref.uid: outcome for (ref, _), outcome in zip(ready, outcomes, strict=True)}
+        """Step 3 (node lock held, checkpoint fresh): decide every claim of the batch against
+        the checkpoint and the claims accepted before it in the batch (batch order wins a
+        device two of them want), then write the accepted claims' CDI specs and record them
+        with one checkpoint write (:meth:`_write_prepared`, one thread call).
+
+        Nothing else touching the checkpoint or the CDI directory runs meanwhile: every such
+        section of this process and of the other instance holds the node lock.
+        """
+        outcomes: dict[str, _Outcome] = {}
+        pending = self._checkpoint  # plus the entries accepted so far (conflict checks)
+        accepted: list[ckpt.ClaimEntry] = []
+        for ref, item in ready:
+            if ref.uid in outcomes or any(e.uid == ref.uid for e in accepted):
+                continue  # the same claim twice in one call: answered once
+            done = self._checkpoint.claims.get(ref.uid)
+            if done is not None:
+                # Prepared by another call, or the other instance, while we were reading it.
+                outcomes[ref.uid] = await self._settle(self._already_prepared(done))
+                continue
+            plan = item.plan
+            conflict = ckpt.find_conflict(pending, ref.uid, plan.device_indices)
+            if conflict is not None:
+                failure = PrepareFailure(
+                    conflict_message(*conflict), reason="DeviceInUse", permanent=False, event=True
+                )
+                outcomes[ref.uid] = _Outcome(failure, self._clock.now())
+                continue
+            entry = ckpt.ClaimEntry(
+                uid=ref.uid,
+                namespace=plan.namespace,
+                name=plan.name,
+                devices=prepared_devices(plan, pool=self._node, cdi_kind=self._cdi_kind),
+                device_indices=plan.device_indices,
+                cdi_spec=item.spec,
+                prepared_at=self._clock.wall().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+            pending = pending.with_claim(entry)
+            accepted.append(entry)
+        if not accepted:
+            return outcomes
+        failures = await self._commit(lambda current: self._write_prepared(current, accepted))
+        now = self._clock.now()
+        for entry in accepted:
+            refused = failures.get(entry.uid)
+            if refused is not None:
+                outcomes[entry.uid] = _Outcome(refused, now)
+                continue
+            log.info(
+                "prepared ResourceClaim %s (uid %s): %s",
+                entry.key,
+                entry.uid,
+                ", ".join(d.device_name for d in entry.devices),
+            )
+            outcomes[entry.uid] = _Outcome(_answer(entry), now)
+        return outcomes
+
+    def _write_prepared(
+        self, current: ckpt.Checkpoint, entries: Sequence[ckpt.ClaimEntry]
+    ) -> tuple[ckpt.Checkpoint, bytes | None, dict[str, PrepareFailure]]:
+        """In a worker thread: write the CDI specs of ``entries``, then record the claims
+        whose spec is written in one checkpoint save (group commit). A claim whose spec
+        cannot be written fails alone. If the save fails, none of them is prepared: each gets
+        the error and the specs written here are taken back (no orphans).
+
+        Spec first, entries second: a crash in between leaves orphan specs that the
+        start-up sweep deletes, never an entry whose spec was never written.
+        """
+        failures: dict[str, PrepareFailure] = {}
+        new = current
+        for entry in entries:
+            # Checked again at commit time: the checkpoint is the one place where two claims
+            # must never both land, whatever the checks before decided.
+            clash = ckpt.find_conflict(new, entry.uid, entry.device_indices)
+            if clash is not None:
+                failures[entry.uid] = PrepareFailure(
+                    conflict_message(*clash), reason="DeviceInUse", permanent=False, event=True
+                )
+                continue
+            try:
+                self._write_spec(entry.cdi_spec, entry.uid)
+            except OSError as exc:
+                failures[entry.uid] = PrepareFailure(
+                    f"cannot write CDI spec for ResourceClaim {entry.key}: {exc}",
+                    reason="CDIWriteFailed",
+                    permanent=False,
+                    event=True,
+                )
+                continue
+            new = new.with_claim(entry)
+        if new is current:
+            return current, None, failures
+        try:
+            raw = ckpt.save(self._ckpt_path, new)
+        except OSError as exc:
+            # Not recorded means not prepared: take the specs back so no orphan is left.
+            for entry in entries:
+                if entry.uid not in failures:
+                    with contextlib.suppress(OSError):
+                        remove_cdi_spec(self._cdi_root, entry.uid, cdi_kind=self._cdi_kind)
+                    failures[entry.uid] = PrepareFailure(
+                        f"cannot record ResourceClaim {entry.key} in the checkpoint: {exc}",
+                        reason="CheckpointWriteFailed",
+                        permanent=False,
+                    )
+            return current, None, failures
+        return new, raw, failures
 
     async def _report(self, ref: ClaimRef, outcome: _Outcome, started: float) -> PrepareResult:
         """Metrics, logs and the claim's Warning Event for one settled claim; its answer."""
@@ -555,78 +682,6 @@ class Preparer:
         return PrepareResult(
             error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
         )
-
-    async def _prepare_claim(self, ref: ClaimRef, planned: _Planned) -> PrepareResult:
-        """Step 3 for one claim (node lock held, checkpoint fresh)."""
-        plan, spec = planned.plan, planned.spec
-        async with self._locked(plan.device_indices):
-            # Re-check under the locks: a concurrent call, or the other plugin instance, may
-            # have prepared this very claim while we were reading it.
-            done = self._checkpoint.claims.get(ref.uid)
-            if done is not None:
-                return await self._already_prepared(done)
-            conflict = ckpt.find_conflict(self._checkpoint, ref.uid, plan.device_indices)
-            if conflict is not None:
-                raise PrepareFailure(
-                    conflict_message(*conflict),
-                    reason="DeviceInUse",
-                    permanent=False,
-                    event=True,
-                )
-            try:
-                await asyncio.to_thread(self._write_spec, spec, ref.uid)
-            except OSError as exc:
-                raise PrepareFailure(
-                    f"cannot write CDI spec for ResourceClaim {plan.key}: {exc}",
-                    reason="CDIWriteFailed",
-                    permanent=False,
-                    event=True,
-                ) from exc
-            entry = ckpt.ClaimEntry(
-                uid=ref.uid,
-                namespace=plan.namespace,
-                name=plan.name,
-                devices=prepared_devices(plan, pool=self._node, cdi_kind=self._cdi_kind),
-                device_indices=plan.device_indices,
-                cdi_spec=spec,
-                prepared_at=self._clock.wall().strftime("%Y-%m-%dT%H:%M:%SZ"),
-            )
-
-            def add(current: ckpt.Checkpoint) -> ckpt.Checkpoint:
-                # Checked again at commit time: the checkpoint is the one place where two
-                # claims must never both land, whatever happened to the locks above.
-                clash = ckpt.find_conflict(current, ref.uid, plan.device_indices)
-                if clash is not None:
-                    raise PrepareFailure(
-                        conflict_message(*clash),
-                        reason="DeviceInUse",
-                        permanent=False,
-                        event=True,
-                    )
-                return current.with_claim(entry)
-
-            try:
-                await self._commit(add)
-            except (OSError, PrepareFailure) as exc:
-                # Not recorded means not prepared: take the spec back so no orphan is left.
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(
-                        remove_cdi_spec, self._cdi_root, ref.uid, cdi_kind=self._cdi_kind
-                    )
-                if isinstance(exc, PrepareFailure):
-                    raise
-                raise PrepareFailure(
-                    f"cannot record ResourceClaim {plan.key} in the checkpoint: {exc}",
-                    reason="CheckpointWriteFailed",
-                    permanent=False,
-                ) from exc
-        log.info(
-            "prepared ResourceClaim %s (uid %s): %s",
-            plan.key,
-            ref.uid,
-            ", ".join(plan.device_names),
-        )
-        return _answer(entry)
 
     async def _already_prepared(self, entry: ckpt.ClaimEntry) -> PrepareResult:
         path = self._cdi_root / spec_file_name(entry.uid, cdi_kind=self._cdi_kind)
@@ -761,30 +816,53 @@ class Preparer:
         return results
 
     async def _unprepare_batch(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
-        results = await asyncio.gather(*(self._unprepare_one(ref) for ref in claims))
-        return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
-
-    async def _unprepare_one(self, ref: ClaimRef) -> UnprepareResult:
-        entry = self._checkpoint.claims.get(ref.uid)
-        indices = entry.device_indices if entry is not None else ()
-        try:
-            async with self._locked(indices):
-                # Spec first, entry second: a crash in between leaves an entry whose spec is
-                # gone, which the kubelet's Unprepare retry then removes. Also done for unknown
-                # claims: an orphan spec from a crash mid-Prepare is cleaned up here too.
-                await asyncio.to_thread(
-                    remove_cdi_spec, self._cdi_root, ref.uid, cdi_kind=self._cdi_kind
+        known = {ref.uid: self._checkpoint.claims.get(ref.uid) for ref in claims}
+        errors = await self._commit(lambda current: self._write_unprepared(current, claims))
+        results: dict[str, UnprepareResult] = {}
+        for ref in claims:
+            error = errors.get(ref.uid)
+            if error is not None:
+                log.error(
+                    "unprepare of ResourceClaim %s/%s failed: %s", ref.namespace, ref.name, error
                 )
-                if ref.uid in self._checkpoint.claims:
-                    await self._commit(lambda c: c.without_claim(ref.uid))
+                results[ref.uid] = UnprepareResult(
+                    error=f"cannot unprepare ResourceClaim {ref.namespace}/{ref.name}: {error}"
+                )
+                continue
+            entry = known[ref.uid]
+            if entry is not None:
+                log.info("unprepared ResourceClaim %s (uid %s)", entry.key, ref.uid)
+            results[ref.uid] = UnprepareResult()
+        return results
+
+    def _write_unprepared(
+        self, current: ckpt.Checkpoint, claims: Sequence[ClaimRef]
+    ) -> tuple[ckpt.Checkpoint, bytes | None, dict[str, OSError]]:
+        """In a worker thread: remove the claims' CDI specs, then their entries with one
+        checkpoint save. Spec first, entry second: a crash in between leaves an entry whose
+        spec is gone, which the kubelet's Unprepare retry then removes. Also done for unknown
+        claims: an orphan spec from a crash mid-Prepare is cleaned up here too. A claim whose
+        spec cannot be removed keeps its entry and fails alone."""
+        errors: dict[str, OSError] = {}
+        gone: list[str] = []
+        for ref in claims:
+            try:
+                remove_cdi_spec(self._cdi_root, ref.uid, cdi_kind=self._cdi_kind)
+            except OSError as exc:
+                errors[ref.uid] = exc
+                continue
+            if ref.uid in current.claims:
+                gone.append(ref.uid)
+        if not gone:
+            return current, None, errors
+        new = current.without_claims(gone)
+        try:
+            raw = ckpt.save(self._ckpt_path, new)
         except OSError as exc:
-            log.error("unprepare of ResourceClaim %s/%s failed: %s", ref.namespace, ref.name, exc)
-            return UnprepareResult(
-                error=f"cannot unprepare ResourceClaim {ref.namespace}/{ref.name}: {exc}"
-            )
-        if entry is not None:
-            log.info("unprepared ResourceClaim %s (uid %s)", entry.key, ref.uid)
-        return UnprepareResult()
+            # The specs are gone, the entries stay: the kubelet's retry removes them.
+            errors.update((uid, exc) for uid in gone)
+            return current, None, errors
+        return new, raw, errors
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -794,34 +872,33 @@ class Preparer:
         while self._commits or self._background:
             await asyncio.gather(*self._commits, *self._background, return_exceptions=True)
 
-    async def _commit(self, change: Callable[[ckpt.Checkpoint], ckpt.Checkpoint]) -> None:
-        """Apply ``change`` to the checkpoint, persist it, then publish it in memory.
+    async def _commit(
+        self, work: Callable[[ckpt.Checkpoint], tuple[ckpt.Checkpoint, bytes | None, _T]]
+    ) -> _T:
+        """Run ``work`` on the current checkpoint in a worker thread, then publish in memory
+        the checkpoint it saved (``work`` returns it with the bytes written, or None for the
+        bytes if it saved nothing) and hand back its result.
 
-        Shielded: the kubelet-facing layer cancels calls that run out of time, and a save
-        that finishes on disk (it runs in a thread) must also finish in memory, or memory and
-        file disagree until the next restart.
+        ``work`` does all of a batch's file work in one thread call: CDI spec writes or
+        removals and at most one checkpoint save. Shielded: the kubelet-facing layer cancels
+        calls that run out of time, and a save that finishes on disk (it runs in a thread)
+        must also finish in memory, or memory and file disagree until the next restart.
         """
-        task = asyncio.ensure_future(self._commit_locked(change))
+        task = asyncio.ensure_future(self._commit_locked(work))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
-        await asyncio.shield(task)
+        return await asyncio.shield(task)
 
-    async def _commit_locked(self, change: Callable[[ckpt.Checkpoint], ckpt.Checkpoint]) -> None:
+    async def _commit_locked(
+        self, work: Callable[[ckpt.Checkpoint], tuple[ckpt.Checkpoint, bytes | None, _T]]
+    ) -> _T:
         async with self._ckpt_lock:
-            new = change(self._checkpoint)
-            await asyncio.to_thread(ckpt.save, self._ckpt_path, new)
-            self._checkpoint = new
-            self._ckpt_raw = ckpt.encode(new)
-            self.metrics.prepared_claims.set(len(new.claims))
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, indices: Iterable[int]) -> AsyncIterator[None]:
-        """Hold the locks of ``indices``, acquired in ascending order (no lock-order cycles)."""
-        async with contextlib.AsyncExitStack() as stack:
-            for index in sorted(set(indices)):
-                lock = self._device_locks.setdefault(index, asyncio.Lock())
-                await stack.enter_async_context(lock)
-            yield
+            new, raw, result = await asyncio.to_thread(work, self._checkpoint)
+            if raw is not None:
+                self._checkpoint = new
+                self._ckpt_raw = raw
+                self.metrics.prepared_claims.set(len(new.claims))
+            return result
 
     async def _node_event(self, type_: EventType, reason: str, note: str) -> None:
         if self._node_uid is None:

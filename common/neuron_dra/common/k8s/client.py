@@ -18,6 +18,7 @@ We still use ``kubernetes_asyncio`` for what it does well: kubeconfig / in-clust
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 import os
@@ -31,6 +32,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from neuron_dra.common import constants
+from yarl import URL
 
 from .errors import KubeError, NetworkError, PermanentError, classify, from_response, from_status
 
@@ -229,7 +231,43 @@ async def connect(
     to their loop).
     """
     cfg = await load_configuration(kubeconfig, context=context)
-    return KubeClient(k8s_client.ApiClient(configuration=cfg), timeouts=timeouts, owned=True)
+    api = k8s_client.ApiClient(configuration=cfg)
+    if not await asyncio.to_thread(_environment_proxy_applies, cfg):
+        _without_per_request_env_lookups(api)
+    return KubeClient(api, timeouts=timeouts, owned=True)
+
+
+def _environment_proxy_applies(cfg: k8s_client.Configuration) -> bool:
+    """Whether requests to the API server go through a proxy that aiohttp would take from
+    the environment (``HTTPS_PROXY``/``NO_PROXY``, ...; may read ``~/.netrc``, so a thread)."""
+    if cfg.proxy:
+        return True  # configured explicitly: leave the session as the library made it
+    try:
+        aiohttp.helpers.get_env_proxy_for_url(URL(cfg.host or ""))
+    except LookupError:
+        return False
+    return True
+
+
+def _without_per_request_env_lookups(api: k8s_client.ApiClient) -> None:
+    """Give the ``ApiClient`` a session with ``trust_env=False`` on the same connector.
+
+    ``kubernetes_asyncio`` creates its aiohttp session with ``trust_env=True``, so aiohttp
+    reads ``~/.netrc`` and the proxy variables in a worker thread on *every* request: two
+    thread hops that cost a GET 1-2 ms on a busy node (issue #3). Like client-go, which reads
+    the proxy environment once per process and never reads netrc, we decide once (in
+    :func:`connect`): only when no proxy from the environment applies to the API server.
+    """
+    rest = api.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    connector = old.connector
+    old.detach()  # keeps the connector (and its TLS context) open for the new session
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=connector,
+        trust_env=False,
+        # As kubernetes_asyncio sets it: watch events can be large.
+        read_bufsize=2**21,
+    )
 
 
 # --- transport ------------------------------------------------------------------------------
