@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from neuron_dra.controller.allocator import (
     Decision,
     NodeState,
     Request,
+    ServerCache,
     UltraServerState,
     Unit,
     plan,
@@ -680,3 +682,33 @@ def test_small_units_break_as_few_whole_ultraservers_as_possible(
     broken = -(-needed // per_server)  # ceil
     after = whole_free(cluster, TRN2U, {n for u in decision.units for n in u.nodes})
     assert len(before) - len(after) == broken
+
+
+def test_server_cache_matches_servers_from_as_objects_change() -> None:
+    def nus(name: str, nodes: list[str], allocations: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name},
+            "spec": {
+                "instanceType": "trn2u.48xlarge",
+                "topology": [{"nodeName": n, "nodeId": i} for i, n in enumerate(nodes)],
+            },
+            "status": {"allocations": allocations},
+        }
+
+    a = nus("a", ["a0", "a1", "a2", "a3"], [])
+    b = nus("b", ["b0", "b1", "b2", "b3"], [])
+    health = {n: True for n in ("a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3")}
+    cache = ServerCache()
+    first = cache.servers([a, b], node_health=health, health_version=1)
+    assert first == servers_from([a, b], node_health=health)
+    # An allocation recorded on b (a new object), one naming a node of a (inconsistent record):
+    b2 = nus("b", ["b0", "b1", "b2", "b3"], [{"workloadRef": "ns/w", "allocatedNodes": ["a1"]}])
+    second = cache.servers([a, b2], node_health=health, health_version=1)
+    assert second == servers_from([a, b2], node_health=health)
+    assert second[0].nodes[1].reserved_by == "ns/w"
+    # Unchanged inputs keep the very same state object (and what was derived from it).
+    assert cache.servers([a, b2], node_health=health, health_version=1)[1] is second[1]
+    sick = {**health, "b3": False}
+    third = cache.servers([a, b2], node_health=sick, health_version=2)
+    assert third == servers_from([a, b2], node_health=sick)
+    assert not third[1].nodes[3].healthy

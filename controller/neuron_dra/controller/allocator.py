@@ -28,9 +28,11 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, TypeVar
+
+_T = TypeVar("_T")
 
 #: Nodes of one UltraServer carry node ids 0..3.
 ULTRASERVER_NODES: Final = 4
@@ -63,6 +65,20 @@ class UltraServerState:
     name: str
     instance_type: str
     nodes: tuple[NodeState, ...]
+    #: Values derived from this (immutable) state, computed on first use: candidate units,
+    #: capacity. A reconciler that reuses unchanged states across plans (``ServerCache``)
+    #: then ranks only the UltraServers that changed. Not part of the value.
+    _derived: dict[Any, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
+
+def _derive(server: UltraServerState, key: Any, compute: Callable[[], _T]) -> _T:
+    try:
+        value: _T = server._derived[key]
+    except KeyError:
+        value = server._derived[key] = compute()
+    return value
 
 
 @dataclass(frozen=True)
@@ -103,16 +119,22 @@ class Decision:
 def _usable_by_id(server: UltraServerState) -> dict[int, NodeState]:
     """Nodes addressable by node id. An id outside 0..3, or one claimed by two nodes, says the
     record is inconsistent; such nodes are left out rather than guessed at."""
-    counts = Counter(n.node_id for n in server.nodes)
-    return {
-        n.node_id: n
-        for n in server.nodes
-        if 0 <= n.node_id < ULTRASERVER_NODES and counts[n.node_id] == 1
-    }
+
+    def compute() -> dict[int, NodeState]:
+        counts = Counter(n.node_id for n in server.nodes)
+        return {
+            n.node_id: n
+            for n in server.nodes
+            if 0 <= n.node_id < ULTRASERVER_NODES and counts[n.node_id] == 1
+        }
+
+    return _derive(server, "by_id", compute)
 
 
 def _free_count(server: UltraServerState) -> int:
-    return sum(1 for n in _usable_by_id(server).values() if n.free)
+    return _derive(
+        server, "free", lambda: sum(1 for n in _usable_by_id(server).values() if n.free)
+    )
 
 
 def _ranked_candidates(
@@ -122,6 +144,10 @@ def _ranked_candidates(
     larger free unit (its sibling is already taken), 1 when it does; best first."""
     if size not in UNIT_SIZES:
         raise ValueError(f"unit size must be one of {UNIT_SIZES}, got {size}")
+    return _derive(server, ("ranked", size), lambda: _rank(server, size))
+
+
+def _rank(server: UltraServerState, size: int) -> list[tuple[int, tuple[NodeState, ...]]]:
     by_id = _usable_by_id(server)
 
     def free(*ids: int) -> bool:
@@ -145,6 +171,19 @@ def _ranked_candidates(
     return ranked
 
 
+def _keyed(server: UltraServerState, size: int) -> _Ranked:
+    # Units that break no larger free unit first, then the UltraServer with the fewest free
+    # nodes (finish partly used ones), then name and node id so every replica agrees. Class
+    # before free count: a single node taken from a broken pair of a 3-free server keeps a
+    # pair that the 2-free server's intact pair would lose; a whole free server is broken
+    # only when nothing else is left.
+    free_nodes = _free_count(server)
+    return [
+        ((klass, free_nodes, server.name, unit[0].node_id), unit)
+        for klass, unit in _ranked_candidates(server, size)
+    ]
+
+
 def unit_candidates(server: UltraServerState, size: int) -> list[tuple[NodeState, ...]]:
     """The free units of ``size`` nodes on ``server``, preferred first.
 
@@ -157,9 +196,23 @@ def unit_candidates(server: UltraServerState, size: int) -> list[tuple[NodeState
 
 
 def _capacity(server: UltraServerState, size: int) -> int:
-    """Units of ``size`` the server could offer if every reservation were released."""
-    released = tuple(replace(n, reserved_by=None) for n in server.nodes)
-    return len(_ranked_candidates(replace(server, nodes=released), size))
+    """Units of ``size`` the server could offer if every reservation were released (the
+    count of ``unit_candidates`` with every node unreserved, without building them)."""
+    if size not in UNIT_SIZES:
+        raise ValueError(f"unit size must be one of {UNIT_SIZES}, got {size}")
+    by_id = _usable_by_id(server)
+
+    def healthy(*ids: int) -> bool:
+        return all(i in by_id and by_id[i].healthy for i in ids)
+
+    def compute() -> int:
+        if size == ULTRASERVER_NODES:
+            return 1 if healthy(*range(ULTRASERVER_NODES)) else 0
+        if size == 2:
+            return sum(1 for pair in _PAIRS if healthy(*pair))
+        return sum(1 for node in by_id.values() if node.healthy)
+
+    return _derive(server, ("capacity", size), compute)
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,17 +253,9 @@ class _Pool:
         cached = self._ranked.get((name, size))
         if cached is None:
             server = self.servers[name]
-            free_nodes = _free_count(server)
-            # Units that break no larger free unit first, then the UltraServer with the fewest
-            # free nodes (finish partly used ones), then name and node id so every replica
-            # agrees. Class before free count: a single node taken from a broken pair of a
-            # 3-free server keeps a pair that the 2-free server's intact pair would lose; a
-            # whole free server is broken only when nothing else is left.
-            cached = [
-                ((klass, free_nodes, name, unit[0].node_id), unit)
-                for klass, unit in _ranked_candidates(server, size)
-            ]
-            self._ranked[(name, size)] = cached
+            cached = self._ranked[(name, size)] = _derive(
+                server, ("keyed", size), lambda: _keyed(server, size)
+            )
         return cached
 
     def book(self, name: str, nodes: Iterable[str], ref: str) -> None:
@@ -246,7 +291,13 @@ class _Pool:
         before: dict[str, UltraServerState] = {}
         chosen: list[tuple[str, tuple[NodeState, ...]]] = []
         for _ in range(count):
-            heads = [ranks[0] for ranks in (self.ranked(n, size) for n in names) if ranks]
+            heads = []
+            for n in names:
+                ranks = self._ranked.get((n, size))
+                if ranks is None:
+                    ranks = self.ranked(n, size)
+                if ranks:
+                    heads.append(ranks[0])
             if not heads:
                 for server in before.values():
                     self.set(server)
@@ -287,7 +338,12 @@ def _normalize(servers: Sequence[UltraServerState]) -> dict[str, UltraServerStat
         if server.name in by_name:
             raise ValueError(f"UltraServer {server.name!r} appears twice")
         by_name[server.name] = server
-    listed = Counter(n.name for s in servers for n in s.nodes)
+    names = [n.name for s in servers for n in s.nodes]
+    if len(set(names)) == len(names):
+        # No node listed twice: every reservation is already the node's only one and no node
+        # is made unusable, so nothing below would change (the usual case, made cheap).
+        return by_name
+    listed = Counter(names)
     holder: dict[str, str] = {}
     for node in (n for s in servers for n in s.nodes):
         if node.reserved_by is not None:
@@ -302,10 +358,12 @@ def _normalize(servers: Sequence[UltraServerState]) -> dict[str, UltraServerStat
             return node
         return replace(node, reserved_by=reserved_by, healthy=healthy)
 
-    return {
-        name: replace(server, nodes=tuple(fixed(n) for n in server.nodes))
-        for name, server in by_name.items()
-    }
+    out: dict[str, UltraServerState] = {}
+    for name, server in by_name.items():
+        nodes = tuple(fixed(n) for n in server.nodes)
+        same = all(a is b for a, b in zip(nodes, server.nodes, strict=True))
+        out[name] = server if same else replace(server, nodes=nodes)
+    return out
 
 
 def _request_error(request: Request) -> str | None:
@@ -486,6 +544,40 @@ def _link_down(entry: Mapping[str, Any]) -> bool:
     return "Down" in (entry.get("linkStatusHorizontal"), entry.get("linkStatusVertical"))
 
 
+def _holders(objects: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    holders: dict[str, set[str]] = {}
+    for nus in objects:
+        for entry in (nus.get("status") or {}).get("allocations") or []:
+            for node in entry.get("allocatedNodes") or []:
+                holders.setdefault(str(node), set()).add(str(entry.get("workloadRef", "")))
+    return holders
+
+
+def _server_state(
+    nus: Mapping[str, Any], holders: Mapping[str, set[str]], node_health: Mapping[str, bool]
+) -> UltraServerState:
+    spec = nus.get("spec") or {}
+    nodes = []
+    for entry in spec.get("topology") or []:
+        name = str(entry.get("nodeName", ""))
+        held = holders.get(name)
+        nodes.append(
+            NodeState(
+                name=name,
+                node_id=int(entry.get("nodeId", -1)),
+                healthy=bool(node_health.get(name, False)) and not _link_down(entry),
+                # Two holders would be a double booking already on record; either way the
+                # node is not free, and min() keeps the answer independent of list order.
+                reserved_by=min(held) if held else None,
+            )
+        )
+    return UltraServerState(
+        name=str((nus.get("metadata") or {}).get("name", "")),
+        instance_type=str(spec.get("instanceType", "")),
+        nodes=tuple(sorted(nodes, key=lambda n: (n.node_id, n.name))),
+    )
+
+
 def servers_from(
     nus_objects: Iterable[Mapping[str, Any]], *, node_health: Mapping[str, bool]
 ) -> list[UltraServerState]:
@@ -497,36 +589,62 @@ def servers_from(
     an entry in any phase (Reserved, Active, Releasing) holds its nodes until it is removed.
     """
     objects = list(nus_objects)
-    holders: dict[str, set[str]] = {}
-    for nus in objects:
-        for entry in (nus.get("status") or {}).get("allocations") or []:
-            for node in entry.get("allocatedNodes") or []:
-                holders.setdefault(str(node), set()).add(str(entry.get("workloadRef", "")))
-    out: list[UltraServerState] = []
-    for nus in objects:
-        spec = nus.get("spec") or {}
-        nodes = []
-        for entry in spec.get("topology") or []:
-            name = str(entry.get("nodeName", ""))
-            held = holders.get(name)
-            nodes.append(
-                NodeState(
-                    name=name,
-                    node_id=int(entry.get("nodeId", -1)),
-                    healthy=bool(node_health.get(name, False)) and not _link_down(entry),
-                    # Two holders would be a double booking already on record; either way the
-                    # node is not free, and min() keeps the answer independent of list order.
-                    reserved_by=min(held) if held else None,
-                )
-            )
-        out.append(
-            UltraServerState(
-                name=str((nus.get("metadata") or {}).get("name", "")),
-                instance_type=str(spec.get("instanceType", "")),
-                nodes=tuple(sorted(nodes, key=lambda n: (n.node_id, n.name))),
-            )
-        )
+    holders = _holders(objects)
+    out = [_server_state(nus, holders, node_health) for nus in objects]
     return sorted(out, key=lambda s: s.name)
+
+
+_CacheEntry = tuple[
+    Mapping[str, Any], tuple[str, ...], Any, tuple[str | None, ...], UltraServerState
+]
+
+
+class ServerCache:
+    """``servers_from`` for a caller that asks again and again about a slowly changing
+    cluster (the reconciler, once per decision): a NeuronUltraServer whose inputs did not
+    change keeps its previous ``UltraServerState`` object, and with it the units and
+    capacity already derived from it, so a plan re-ranks only what changed.
+
+    Inputs of one state: the NUS object itself (cached API objects are never mutated, so
+    identity stands for content), the health of its members (the caller passes a
+    ``health_version`` that changes whenever any node's health may have), and who holds each
+    member (recomputed from all objects every time, as ``servers_from`` does).
+    """
+
+    def __init__(self) -> None:
+        #: id(nus) -> (nus, its member names, health version, member holders, state)
+        self._entries: dict[int, _CacheEntry] = {}
+
+    def servers(
+        self,
+        nus_objects: Iterable[Mapping[str, Any]],
+        *,
+        node_health: Mapping[str, bool],
+        health_version: Any,
+    ) -> list[UltraServerState]:
+        objects = list(nus_objects)
+        holders = _holders(objects)
+        # What a state depends on: min() of the holders, as in _server_state.
+        reserved = {node: min(refs) for node, refs in holders.items()}
+        entries: dict[int, _CacheEntry] = {}
+        out = []
+        for nus in objects:
+            cached = self._entries.get(id(nus))
+            if cached is not None and cached[0] is nus:
+                names = cached[1]
+            else:
+                cached = None
+                members = (nus.get("spec") or {}).get("topology") or []
+                names = tuple(str(t.get("nodeName", "")) for t in members)
+            held = tuple(map(reserved.get, names))
+            if cached is not None and cached[2] == health_version and cached[3] == held:
+                state = cached[4]
+            else:
+                state = _server_state(nus, holders, node_health)
+            entries[id(nus)] = (nus, names, health_version, held, state)
+            out.append(state)
+        self._entries = entries
+        return sorted(out, key=lambda s: s.name)
 
 
 def request_from(workload_obj: Mapping[str, Any]) -> Request:
@@ -554,6 +672,7 @@ __all__ = [
     "Decision",
     "NodeState",
     "Request",
+    "ServerCache",
     "UltraServerState",
     "Unit",
     "plan",

@@ -44,6 +44,7 @@ from neuron_dra.common.constants import (
     ATTR_ULTRASERVER_ID,
     ATTR_ULTRASERVER_MODES,
     ATTR_ULTRASERVER_NODE_ID,
+    ATTR_WORKLOAD_ID,
     ATTRIBUTE_DOMAIN,
     CRD_API_VERSION,
     DRIVER_NAME,
@@ -52,7 +53,7 @@ from neuron_dra.common.constants import (
     NODE_DEVICE_NAME,
 )
 from neuron_dra.common.events import EventType, ObjectRef
-from neuron_dra.common.k8s.cache import Store
+from neuron_dra.common.k8s.cache import Delta, Store
 from neuron_dra.common.k8s.client import NEURON_ULTRASERVERS, ResourceClient
 from neuron_dra.common.k8s.errors import (
     AlreadyExistsError,
@@ -879,6 +880,83 @@ def ensure_slice_indexes(store: Store) -> None:
         store.add_index(SLICE_INDEX_ULTRASERVER, _index_ultraserver)
     if SLICE_INDEX_NODE not in names:
         store.add_index(SLICE_INDEX_NODE, _index_node)
+
+
+# ---------------------------------------------------------------------------------------------
+# The slice cache: only what the controller reads
+# ---------------------------------------------------------------------------------------------
+
+#: Device attributes the controller reads (discovery and the workload reconciler), under
+#: either spelling. Everything else a slice carries (capacity, topology and group ids, versions)
+#: is the scheduler's business.
+SLICE_ATTRIBUTES_READ: Final = frozenset(
+    name
+    for attr in (
+        ATTR_INSTANCE_TYPE,
+        ATTR_ULTRASERVER_ID,
+        ATTR_ULTRASERVER_NODE_ID,
+        ATTR_ULTRASERVER_MODES,
+        ATTR_HEALTHY,
+        ATTR_WORKLOAD_ID,
+    )
+    for name in (attr, f"{ATTRIBUTE_DOMAIN}/{attr}")
+)
+
+
+def slim_slice(obj: JsonDict) -> JsonDict:
+    """``obj`` with each device cut down to its name and the attributes in
+    ``SLICE_ATTRIBUTES_READ``, and without ``managedFields``.
+
+    A trn2u.48xlarge slice has 17 devices of ~20 attributes and 2 capacities each; parsed, the
+    full objects of 10,000 nodes take most of a gigabyte, the slim ones a fraction of it.
+    Malformed parts are passed through as they are (the readers are defensive about them).
+    """
+    spec = obj.get("spec")
+    meta = obj.get("metadata")
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+        return obj
+    devices: list[Any] = []
+    for device in spec["devices"]:
+        if not isinstance(device, dict) or not isinstance(device.get("attributes"), dict):
+            devices.append(device)
+            continue
+        slim = {k: v for k, v in device.items() if k not in ("attributes", "capacity")}
+        slim["attributes"] = {
+            k: v for k, v in device["attributes"].items() if k in SLICE_ATTRIBUTES_READ
+        }
+        devices.append(slim)
+    out = dict(obj)
+    out["spec"] = {**spec, "devices": devices}
+    if isinstance(meta, dict) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
+class SliceListClient(ResourceClient):
+    """ResourceSlice client whose LIST pages come back slimmed (``slim_slice``), so a relist
+    of the fleet never holds more than one page of full objects: the store slims too, but
+    only once the whole list has arrived."""
+
+    async def list(self, *args: Any, **kwargs: Any) -> JsonDict:
+        page = await super().list(*args, **kwargs)
+        items = page.get("items")
+        if isinstance(items, list):
+            page["items"] = [slim_slice(o) if isinstance(o, dict) else o for o in items]
+        return page
+
+
+class SliceStore(Store):
+    """The controller's ResourceSlice cache: stores ``slim_slice`` of every object, so its
+    size does not grow with attributes the controller never reads. Handlers see the slim
+    objects too."""
+
+    def apply_event(self, event_type: str, obj: JsonDict) -> Delta | None:
+        if event_type in ("ADDED", "MODIFIED", "DELETED"):
+            obj = slim_slice(obj)
+        return super().apply_event(event_type, obj)
+
+    def replace(self, objs: Iterable[JsonDict], rv: str) -> list[Delta]:
+        return super().replace((slim_slice(o) for o in objs), rv)
 
 
 # ---------------------------------------------------------------------------------------------

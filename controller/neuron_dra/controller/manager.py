@@ -22,7 +22,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from neuron_dra.common.constants import (
     DRIVER_NAME,
@@ -45,6 +45,8 @@ from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQue
 from neuron_dra.common.ultraserver import node_reservations
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.discovery import (
+    SliceListClient,
+    SliceStore,
     UltraServerDiscovery,
     keys_for_node,
     keys_for_slice,
@@ -81,6 +83,21 @@ def _owner_workload_key(template: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: Index on ``ctx.ultraservers``: node name → NeuronUltraServers whose allocations name it.
+NUS_BY_HELD_NODE: Final = "manager/held-nodes"
+
+
+def _held_nodes(nus: JsonDict) -> list[str]:
+    status = nus.get("status")
+    entries = status.get("allocations") if isinstance(status, Mapping) else None
+    return [
+        str(n)
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, Mapping) and isinstance(e.get("allocatedNodes"), list)
+        for n in e["allocatedNodes"]
+    ]
+
+
 def _node_of_slice(obj: Mapping[str, Any]) -> str | None:
     name = (obj.get("spec") or {}).get("nodeName")
     return str(name) if name else None
@@ -100,7 +117,9 @@ class ControllerManager:
                 reporting_controller=REPORTING_CONTROLLER,
             ),
             namespace=config.namespace,
+            slices=SliceStore(),
         )
+        self.ctx.ultraservers.add_index(NUS_BY_HELD_NODE, _held_nodes)
         registry = self.ctx.registry
         reflector_metrics = ReflectorMetrics(registry)
         queue_metrics = QueueMetrics(registry)
@@ -111,7 +130,7 @@ class ControllerManager:
         ctx = self.ctx
         self.reflectors = [
             Reflector(
-                kube.resource(RESOURCE_SLICES),
+                SliceListClient(kube, RESOURCE_SLICES),
                 ctx.slices,
                 name="resourceslices",
                 field_selector=f"spec.driver={DRIVER_NAME}",
@@ -168,8 +187,14 @@ class ControllerManager:
     # -- event → keys -----------------------------------------------------------------------
 
     def _workloads_on_nodes(self, nodes: Iterable[str]) -> set[str]:
-        objs = self.ctx.ultraservers.list()
-        return {r.workload_ref for n in nodes for r in node_reservations(objs, n)}
+        # Only the NeuronUltraServers recording the node can name it (index, not a scan: a
+        # relist delivers every slice and Node).
+        store = self.ctx.ultraservers
+        return {
+            r.workload_ref
+            for n in nodes
+            for r in node_reservations(store.by_index(NUS_BY_HELD_NODE, n), n)
+        }
 
     def _on_slice(self, obj: JsonDict) -> None:
         for key in keys_for_slice(obj):

@@ -31,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -75,6 +76,7 @@ from neuron_dra.controller import allocator
 from neuron_dra.controller.allocator import Decision, Unit
 from neuron_dra.controller.context import ControllerContext
 from neuron_dra.controller.templates import claim_template_for, template_matches
+from prometheus_client import CollectorRegistry, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,35 @@ REPLACE_AFFECTED: Final = "ReplaceAffected"
 #: Index on ``ctx.slices``: node name → slice keys (a reconcile looks at a few nodes, not at
 #: every slice of the cluster).
 SLICES_BY_NODE: Final = "workloads/by-node"
+#: Index on ``ctx.ultraservers``: workloadRef → keys of the NeuronUltraServers holding an
+#: allocation entry of it (``pending_keys`` runs on every NeuronUltraServer event).
+NUS_BY_WORKLOAD: Final = "workloads/by-workload-ref"
+
+
+#: Histogram buckets (seconds) for reconcile and decision times: fine below 100 ms, where the
+#: targets are (issue #4: decision p99 < 50 ms).
+_LATENCY_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+class WorkloadMetrics:
+    """Prometheus histograms of the workload reconciler; one per registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.reconcile_seconds = Histogram(
+            "neuron_dra_workload_reconcile_seconds",
+            "Duration of one workload reconcile, API calls included.",
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.decision_seconds = Histogram(
+            "neuron_dra_workload_allocation_decision_seconds",
+            "CPU time of one allocation decision (validation and plan, from the caches).",
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
 
 
 class AllocationRaceError(Exception):
@@ -550,6 +581,28 @@ class _Overlay:
         return out
 
 
+class _NodeHealth(Mapping[str, bool]):
+    """``node name → healthy`` for ``allocator.servers_from``, computed on first use per node
+    and remembered by the reconciler until a Node or ResourceSlice changes (a decision asks
+    about every node of the cluster; most of them did not change since the last one)."""
+
+    def __init__(self, reconciler: WorkloadReconciler, names: Iterable[str] | None) -> None:
+        self._reconciler = reconciler
+        self._names = names
+
+    def __getitem__(self, name: str) -> bool:
+        return self._reconciler._node_problem(name) is None
+
+    def get(self, name: str, default: Any = None) -> Any:  # no KeyError round trip
+        return self._reconciler._node_problem(name) is None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names or ())
+
+    def __len__(self) -> int:
+        return len(list(self._names or ()))
+
+
 class WorkloadReconciler:
     """Reconciles NeuronUltraServerWorkloads; see the module docstring."""
 
@@ -563,6 +616,7 @@ class WorkloadReconciler:
         tag_clear_timeout: float = 300.0,
     ) -> None:
         self.ctx = ctx
+        self.metrics = WorkloadMetrics(ctx.registry)
         #: Safety net for Pending workloads; the manager requeues them on every NUS change.
         self.pending_requeue = pending_requeue
         #: After a lost race or an unsynced cache: soon, the caches are about to catch up.
@@ -581,6 +635,12 @@ class WorkloadReconciler:
         self._releasing_since: dict[str, float] = {}
         if SLICES_BY_NODE not in ctx.slices.index_names():
             ctx.slices.add_index(SLICES_BY_NODE, _slice_node)
+        if NUS_BY_WORKLOAD not in ctx.ultraservers.index_names():
+            ctx.ultraservers.add_index(NUS_BY_WORKLOAD, _allocation_refs)
+        #: node name → node_problem(); valid while ``_problems_of`` matches the caches.
+        self._problems: dict[str, str | None] = {}
+        self._problems_of: tuple[object, int, object, int] | None = None
+        self._servers = allocator.ServerCache()
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -620,18 +680,45 @@ class WorkloadReconciler:
             s.has_synced() for s in (ctx.slices, ctx.nodes, ctx.ultraservers, ctx.workloads)
         )
 
+    def _health_version(self) -> tuple[object, int, object, int]:
+        """Changes whenever any node's ``node_problem`` may have (a Node or slice changed)."""
+        nodes, slices = self.ctx.nodes, self.ctx.slices
+        return (nodes, nodes.mutations, slices, slices.mutations)
+
+    def _node_problem(self, name: str) -> str | None:
+        """``node_problem`` of ``name``, remembered until a Node or ResourceSlice changes."""
+        state = self._health_version()
+        if self._problems_of != state:
+            self._problems.clear()
+            self._problems_of = state
+        try:
+            return self._problems[name]
+        except KeyError:
+            problem = node_problem(self.ctx.nodes.get(name), self._slices_of(name))
+            self._problems[name] = problem
+            return problem
+
     def _node_problems(self, names: Iterable[str]) -> dict[str, str]:
         out: dict[str, str] = {}
         for name in names:
-            problem = node_problem(self.ctx.nodes.get(name), self._slices_of(name))
+            problem = self._node_problem(name)
             if problem is not None:
                 out[name] = problem
         return out
 
-    def _node_health(self, nus_objects: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
-        names = {n for nus in nus_objects for n in nus_members(nus)}
-        sick = self._node_problems(names)
-        return {n: n not in sick for n in names}
+    def _node_health(self, nus_objects: Sequence[Mapping[str, Any]]) -> Mapping[str, bool]:
+        """Health of the members of ``nus_objects`` (evaluated as ``servers_from`` asks)."""
+        return _NodeHealth(self, (n for nus in nus_objects for n in nus_members(nus)))
+
+    def _holds_entries(self, ref: str) -> bool:
+        """Whether any NeuronUltraServer (as we last wrote or cached it) records ``ref``."""
+        store = self.ctx.ultraservers
+        keys = set(store.index_keys(NUS_BY_WORKLOAD, ref)) | set(self._nus_overlay.objects)
+        for key in keys:
+            nus = self._nus_overlay.view(store, key)
+            if nus is not None and ref in _allocation_refs(nus):
+                return True
+        return False
 
     # --- helpers for the manager -------------------------------------------------------------
 
@@ -655,25 +742,25 @@ class WorkloadReconciler:
     def pending_keys(self) -> list[str]:
         """Workloads waiting for capacity, first come first: requeue them when capacity may
         have appeared (a NeuronUltraServer, slice or node changed)."""
-        nus_objects = self._ultraservers()
-        held_refs = {
-            str(e.get("workloadRef"))
-            for nus in nus_objects
-            for e in _status(nus).get("allocations") or []
-            if isinstance(e, Mapping)
-        }
         waiting = [
             w
             for w in self._workloads()
             if not _meta(w).get("deletionTimestamp")
-            and object_key(w) not in held_refs
             and _status(w).get("state") != FAILED
+            and not self._holds_entries(object_key(w))
         ]
         return [object_key(w) for w in sorted(waiting, key=_fifo_key)]
 
     # --- entry point ---------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> ReconcileResult:
+        started = time.perf_counter()
+        try:
+            return await self._reconcile(key)
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    async def _reconcile(self, key: str) -> ReconcileResult:
         if not self._caches_synced():
             # Empty caches look like "every node is gone": acting on them would fire the
             # failure strategies on every workload.
@@ -715,7 +802,11 @@ class WorkloadReconciler:
     def _decide(
         self, obj: JsonDict, nus_objects: Sequence[JsonDict], validate: Validator
     ) -> Decision:
-        servers = allocator.servers_from(nus_objects, node_health=self._node_health(nus_objects))
+        servers = self._servers.servers(
+            nus_objects,
+            node_health=self._node_health(nus_objects),
+            health_version=self._health_version(),
+        )
         key = object_key(obj)
         held_refs = {
             str(e.get("workloadRef"))
@@ -740,9 +831,12 @@ class WorkloadReconciler:
         raise AssertionError(f"plan returned no decision for {key}")
 
     async def _allocate(self, obj: JsonDict, wid: str) -> ReconcileResult:
+        started = time.perf_counter()
         nus_objects = self._ultraservers()
         validate = Validator(nus_objects, self._slices_of)
         verdict = validate(obj)
+        decision = self._decide(obj, nus_objects, validate) if verdict.ok else None
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
         if not verdict.ok:
             await self._set_status(
                 obj,
@@ -758,7 +852,7 @@ class WorkloadReconciler:
                 event=(EventType.WARNING, verdict.reason, verdict.message),
             )
             return ReconcileResult(self.pending_requeue if verdict.state == PENDING else None)
-        decision = self._decide(obj, nus_objects, validate)
+        assert decision is not None
         if decision.units is None:
             reason = reason_code(decision.reason)
             await self._set_status(
@@ -786,56 +880,78 @@ class WorkloadReconciler:
                  Cond(COND_READY, False, "Allocating", "reserving nodes")),
             ),
         )
-        for unit in decision.units:
-            await self._write_entry(obj, wid, unit, decision.units[0])
+        await self._write_entries(obj, wid, decision.units, decision.units[0])
         return await self._finish(obj, wid, list(decision.units), decision.reason)
 
-    async def _write_entry(self, obj: JsonDict, wid: str, unit: Unit, leader_unit: Unit) -> None:
-        """Record ``unit`` in its NeuronUltraServer; raises AllocationRaceError if its nodes are
-        no longer free on the object the write is guarded by. Idempotent."""
+    async def _write_entries(
+        self, obj: JsonDict, wid: str, units: Sequence[Unit], leader_unit: Unit
+    ) -> None:
+        """Record ``units`` in their NeuronUltraServers, one status write per UltraServer;
+        raises AllocationRaceError if a unit's nodes are no longer free on the object the
+        write is guarded by. Idempotent."""
+        by_ultraserver: dict[str, list[Unit]] = {}
+        for unit in units:
+            by_ultraserver.setdefault(unit.ultraserver, []).append(unit)
+        for name, group in by_ultraserver.items():
+            await self._write_nus(name, self._entries_mutation(obj, wid, group, leader_unit))
+
+    def _entries_mutation(
+        self, obj: JsonDict, wid: str, units: Sequence[Unit], leader_unit: Unit
+    ) -> Callable[[JsonDict], JsonDict | None]:
         ref = object_key(obj)
-        size = int(_spec(obj).get("topologySize") or len(unit.nodes))
-        entry: JsonDict = {
-            "workloadRef": ref,
-            "workloadId": wid,
-            "allocatedNodes": list(unit.nodes),
-            "leaderNodeName": leader_unit.nodes[0],
-            "nodeCount": size,
-            "ultraserverIndex": unit.index,
-            "phase": PHASE_RESERVED,
-            "allocatedAt": rfc3339(self.ctx.clock.wall()),
-        }
+        now = rfc3339(self.ctx.clock.wall())
+
+        def entry(unit: Unit) -> JsonDict:
+            return {
+                "workloadRef": ref,
+                "workloadId": wid,
+                "allocatedNodes": list(unit.nodes),
+                "leaderNodeName": leader_unit.nodes[0],
+                "nodeCount": int(_spec(obj).get("topologySize") or len(unit.nodes)),
+                "ultraserverIndex": unit.index,
+                "phase": PHASE_RESERVED,
+                "allocatedAt": now,
+            }
 
         def mutate(nus: JsonDict) -> JsonDict | None:
             allocations = [dict(e) for e in _status(nus).get("allocations") or []]
-            taken: dict[str, str] = {}
-            for e in allocations:
-                if e.get("workloadRef") == ref and e.get("ultraserverIndex") == unit.index:
-                    if e.get("workloadId") == wid and list(e.get("allocatedNodes") or []) == list(
-                        unit.nodes
-                    ):
-                        return None  # already recorded (a retry after a lost response)
-                    raise AllocationRaceError(
-                        f"unit {unit.index} of {ref} is already recorded on "
-                        f"{unit.ultraserver} with other nodes"
-                    )
-                for n in e.get("allocatedNodes") or []:
-                    taken[str(n)] = str(e.get("workloadRef"))
             members = nus_members(nus)
-            gone = [n for n in unit.nodes if n not in members]
-            if gone:
-                raise AllocationRaceError(f"{', '.join(gone)} left {unit.ultraserver}")
-            clash = sorted(n for n in unit.nodes if n in taken)
-            if clash:
-                raise AllocationRaceError(
-                    f"{', '.join(clash)} on {unit.ultraserver} already held by "
-                    f"{', '.join(sorted({taken[n] for n in clash}))}"
-                )
-            allocations.append(entry)
+            added = False
+            for unit in units:
+                taken: dict[str, str] = {}
+                recorded = False
+                for e in allocations:
+                    if e.get("workloadRef") == ref and e.get("ultraserverIndex") == unit.index:
+                        if e.get("workloadId") == wid and list(
+                            e.get("allocatedNodes") or []
+                        ) == list(unit.nodes):
+                            recorded = True  # already recorded (a retry after a lost response)
+                            break
+                        raise AllocationRaceError(
+                            f"unit {unit.index} of {ref} is already recorded on "
+                            f"{unit.ultraserver} with other nodes"
+                        )
+                    for n in e.get("allocatedNodes") or []:
+                        taken[str(n)] = str(e.get("workloadRef"))
+                if recorded:
+                    continue
+                gone = [n for n in unit.nodes if n not in members]
+                if gone:
+                    raise AllocationRaceError(f"{', '.join(gone)} left {unit.ultraserver}")
+                clash = sorted(n for n in unit.nodes if n in taken)
+                if clash:
+                    raise AllocationRaceError(
+                        f"{', '.join(clash)} on {unit.ultraserver} already held by "
+                        f"{', '.join(sorted({taken[n] for n in clash}))}"
+                    )
+                allocations.append(entry(unit))
+                added = True
+            if not added:
+                return None
             nus["status"] = nus_status_with(nus, allocations)
             return nus
 
-        await self._write_nus(unit.ultraserver, mutate)
+        return mutate
 
     async def _write_nus(
         self,
@@ -891,9 +1007,9 @@ class WorkloadReconciler:
             if not failed:
                 completed = self._complete(obj, held)
                 if completed is not None:
-                    for unit in completed:
-                        if unit.index in missing:
-                            await self._write_entry(obj, wid, unit, completed[0])
+                    await self._write_entries(
+                        obj, wid, [u for u in completed if u.index in missing], completed[0]
+                    )
                     return await self._finish(obj, wid, list(completed), "allocation completed")
             log.info("releasing the partial allocation of %s", object_key(obj))
             await self._remove_entries(held)
@@ -965,9 +1081,9 @@ class WorkloadReconciler:
                 # one index.
                 await self._remove_entries(failed)
                 kept = {h.index for h in keep}
-                for unit in units:
-                    if unit.index not in kept:
-                        await self._write_entry(obj, wid, unit, units[0])
+                await self._write_entries(
+                    obj, wid, [u for u in units if u.index not in kept], units[0]
+                )
                 evicted = await self._delete_claims(
                     obj, wid, on_nodes={n for h in failed for n in h.nodes}
                 )
@@ -1384,6 +1500,14 @@ class WorkloadReconciler:
             note=note,
             action="Allocate",
         )
+
+
+def _allocation_refs(nus: Mapping[str, Any]) -> list[str]:
+    return [
+        str(e.get("workloadRef"))
+        for e in _status(nus).get("allocations") or []
+        if isinstance(e, Mapping)
+    ]
 
 
 def _slice_node(obj: JsonDict) -> list[str]:

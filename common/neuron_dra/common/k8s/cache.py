@@ -67,6 +67,9 @@ class Store:
         self._values_of: dict[str, dict[str, tuple[str, ...]]] = {}
         self._resource_version = ""
         self._synced = asyncio.Event()
+        #: Bumped on every object stored or removed (not on bookmarks): a reader that derived
+        #: something from the content can tell cheaply whether it is still current.
+        self.mutations = 0
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -158,6 +161,7 @@ class Store:
                     del idx[v]
 
     def _put(self, key: str, obj: JsonDict) -> None:
+        self.mutations += 1
         if key in self._items:
             for name in self._index_funcs:
                 self._unindex_one(name, key)
@@ -168,6 +172,7 @@ class Store:
     def _remove(self, key: str) -> JsonDict | None:
         old = self._items.pop(key, None)
         if old is not None:
+            self.mutations += 1
             for name in self._index_funcs:
                 self._unindex_one(name, key)
         return old

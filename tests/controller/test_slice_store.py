@@ -1,0 +1,101 @@
+"""The controller's slim ResourceSlice cache answers every question the full slices answer."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from neuron_dra.common.profiles import PROFILES
+from neuron_dra.controller import workloads
+from neuron_dra.controller.discovery import (
+    SliceStore,
+    group_ultraservers,
+    slice_ultraserver_id,
+    slim_slice,
+)
+from neuron_dra.nodeplugin.discovery.model import (
+    NeuronDevice,
+    NodeInventory,
+    UltraServerInfo,
+    UltraServerMode,
+)
+from neuron_dra.nodeplugin.slices import build_resource_slices
+
+
+def slices_of(node_id: int, *, unhealthy: tuple[int, ...] = (), tag: str | None = None) -> list[
+    dict[str, Any]
+]:
+    profile = PROFILES["trn2u.48xlarge"]
+    name = f"n{node_id}"
+    inventory = NodeInventory(
+        node_name=name,
+        instance_type="trn2u.48xlarge",
+        driver_version="2.24.7.0",
+        devices=tuple(
+            NeuronDevice(
+                index=i,
+                dev_path=f"/dev/neuron{i}",
+                core_count=profile.cores_per_device,
+                healthy=i not in unhealthy,
+            )
+            for i in range(profile.device_count)
+        ),
+        ultraserver=UltraServerInfo(
+            modes=(UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1),
+            server_id_4="a1b2c3d4e5f60719",
+            node_id_4=node_id,
+        ),
+    )
+    out = build_resource_slices(
+        inventory,
+        node_name=name,
+        node_uid=f"uid-{node_id}",
+        node_labels={},
+        dra_driver_version="0.1.0",
+        workload_ids={"node": tag} if tag else None,
+        generation=1,
+    )
+    for s in out:
+        s["metadata"]["resourceVersion"] = str(10 + node_id)
+        s["metadata"]["managedFields"] = [{"manager": "plugin"}]
+    return out
+
+
+def test_slim_slice_keeps_what_the_controller_reads() -> None:
+    full = [
+        *slices_of(0),
+        *slices_of(1, unhealthy=(3,)),
+        *slices_of(2, tag="job-abc"),
+        *slices_of(3),
+    ]
+    before = copy.deepcopy(full)
+    slim = [slim_slice(s) for s in full]
+    assert full == before  # the input is not modified
+    nodes = {f"n{i}": {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+             for i in range(4)}
+    assert group_ultraservers(slim, nodes) == group_ultraservers(full, nodes)
+    for f, s in zip(full, slim, strict=True):
+        assert slice_ultraserver_id(s) == slice_ultraserver_id(f)
+        assert workloads.node_problem(nodes["n0"], [s]) == workloads.node_problem(nodes["n0"], [f])
+        assert workloads.carries_tag([s], "job-abc") == workloads.carries_tag([f], "job-abc")
+        assert "managedFields" not in s["metadata"]
+        assert all("capacity" not in d for d in s["spec"]["devices"])
+        kept, had = (len(x["spec"]["devices"][0]["attributes"]) for x in (s, f))
+        assert kept < had
+    assert workloads.carries_tag(slim[2:3], "job-abc")
+    assert workloads.node_problem(nodes["n1"], slim[1:2]) == (
+        "unhealthy devices: neurondevice3, neuronnode"
+    )
+
+
+def test_slice_store_stores_slim_objects() -> None:
+    store = SliceStore()
+    first, second = slices_of(0), slices_of(1)
+    store.replace(first, "20")
+    stored = store.list()[0]
+    assert stored == slim_slice(first[0])
+    delta = store.apply_event("MODIFIED", second[0])
+    assert delta is not None and delta.new == slim_slice(second[0])
+    assert len(store) == 2
+    assert store.apply_event("DELETED", second[0]) is not None
+    assert len(store) == 1
