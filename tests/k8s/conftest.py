@@ -51,26 +51,3 @@ def resource_slice(node: str, devices: int = 2, name: str | None = None) -> dict
             ],
         },
     }
-
-
-class InstantClock:
-    """A clock whose sleeps return at once but are recorded (for retry/backoff assertions)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> Any:
-        from datetime import UTC, datetime, timedelta
-
-        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
-
-    async def sleep(self, seconds: float) -> None:
-        import asyncio
-
-        self.sleeps.append(seconds)
-        self.t += max(0.0, seconds)
-        await asyncio.sleep(0)

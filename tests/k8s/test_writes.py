@@ -9,6 +9,7 @@ import pytest
 from neuron_dra.common import constants
 from neuron_dra.common.k8s import errors
 from neuron_dra.common.k8s.client import CONFIG_MAPS, NEURON_ULTRASERVERS, KubeClient
+from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.k8s.writes import (
     apply,
     ensure_finalizer,
@@ -19,7 +20,7 @@ from neuron_dra.common.k8s.writes import (
 )
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 
-from .conftest import InstantClock, configmap
+from .conftest import configmap
 
 FINALIZER = "neuron.aws.com/test"
 

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 from neuron_dra.common.k8s.client import KubeClient
+from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.nodeplugin import checkpoint as ckpt
@@ -40,25 +40,6 @@ NODE = "trn2-node-0"
 DRIVER = "neuron.aws.com"
 KIND = "k8s.neuron.aws.com/claim"
 BOOT = "b00710d0-0000-4000-8000-000000000001"
-
-
-class InstantClock:
-    """Sleeps return at once but advance time and are recorded (retry/budget assertions)."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> datetime:
-        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += max(0.0, seconds)
-        await asyncio.sleep(0)
 
 
 def trn2_inventory() -> NodeInventory:
@@ -110,7 +91,7 @@ class Env:
     api: FakeAPIServer
     kube: KubeClient
     root: Path
-    clock: InstantClock = field(default_factory=InstantClock)
+    clock: InstantClock = field(default_factory=lambda: InstantClock(start=1000.0))
     inventory: NodeInventory = field(default_factory=trn2_inventory)
     published: dict[str, Any] = field(default_factory=dict)
 

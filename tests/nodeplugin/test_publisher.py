@@ -33,6 +33,7 @@ from neuron_dra.common.constants import (
     NODE_DEVICE_NAME,
 )
 from neuron_dra.common.k8s.client import KubeClient
+from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.k8s.workqueue import ExponentialBackoff
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.common.testing.fakeapi.faults import RequestInfo
@@ -118,27 +119,6 @@ def foreign_slice(name: str, node: str, driver: str) -> dict[str, Any]:
     }
 
 
-class RecordingClock:
-    """Sleeps return at once (after a scheduling point) and are recorded."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> Any:
-        from datetime import UTC, datetime, timedelta
-
-        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += max(0.0, seconds)
-        await asyncio.sleep(0)
-
-
 class Env:
     """The fake API server with our Node, plus mutable inputs for the publisher."""
 
@@ -149,7 +129,7 @@ class Env:
         self.workload_ids: dict[int | str, str] = {}
         self.registry = CollectorRegistry()
         self.metrics = PublisherMetrics(self.registry)
-        self.clock = RecordingClock()
+        self.clock = InstantClock()
         self.node = server.create(
             node_object(
                 **{

@@ -28,6 +28,7 @@ from neuron_dra.common.constants import (
     NODE_DEVICE_NAME,
 )
 from neuron_dra.common.k8s.client import KubeClient, object_key
+from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.ultraserver import Reservation, workload_id
 from neuron_dra.nodeplugin.cdi import CdiError, UltraServerPeers, spec_file_name
@@ -56,25 +57,6 @@ DRIVER = "neuron.aws.com"
 WID = workload_id("train", "0b7c8a2e-0000-4000-8000-000000000001")
 OTHER_WID = workload_id("infer", "0b7c8a2e-0000-4000-8000-000000000002")
 WAIT = 10.0  # safety net only
-
-
-class InstantClock:
-    """Sleeps return at once and are recorded (lookup backoff assertions)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> datetime:
-        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.t)
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += seconds
-        await asyncio.sleep(0)
 
 
 def entry(

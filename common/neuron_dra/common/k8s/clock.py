@@ -110,3 +110,25 @@ class FakeClock:
                 await asyncio.sleep(0)
         self._now = target
         await asyncio.sleep(0)
+
+
+class InstantClock:
+    """A clock whose sleeps return at once (after one scheduling point) but advance time and
+    are recorded: for asserting retry and backoff schedules without waiting them out."""
+
+    def __init__(self, start: float = 0.0, wall_start: datetime | None = None) -> None:
+        self.t = start
+        self._start = start
+        self._wall_start = wall_start or datetime(2026, 1, 1, tzinfo=UTC)
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> datetime:
+        return self._wall_start + timedelta(seconds=self.t - self._start)
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += max(0.0, seconds)
+        await asyncio.sleep(0)
