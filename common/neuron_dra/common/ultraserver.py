@@ -10,17 +10,16 @@ of that record both sides agree on.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from neuron_dra.common.constants import WORKLOAD_ID_MAX_LENGTH
+from neuron_dra.common.names import is_label_value
 
 #: Suffix length of a workload id: 8 hex chars of the workload UID keep ids unique when a
 #: workload is deleted and recreated under the same name.
 _UID_SUFFIX_LEN: Final = 8
-_LABEL_VALUE: Final = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def workload_id(name: str, uid: str) -> str:
@@ -33,7 +32,7 @@ def workload_id(name: str, uid: str) -> str:
     room = WORKLOAD_ID_MAX_LENGTH - _UID_SUFFIX_LEN - 1
     head = name[:room].rstrip("-.")
     wid = f"{head}-{digest}"
-    assert _LABEL_VALUE.match(wid), wid
+    assert is_label_value(wid), wid
     return wid
 
 

@@ -63,6 +63,7 @@ from neuron_dra.common.k8s.errors import (
 )
 from neuron_dra.common.k8s.writes import update_with_retry
 from neuron_dra.common.models.crds import ULTRASERVER_MAX_NODES
+from neuron_dra.common.names import DNS1123_SUBDOMAIN_RE
 
 from .context import ControllerContext
 
@@ -88,7 +89,7 @@ CONDITION_DEGRADED: Final = "Degraded"
 #: Longest condition message / event note we build; the list of nodes is cut beyond this.
 _MAX_MESSAGE: Final = 1000
 _HASH_CHARS: Final = 8
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_SUBDOMAIN = DNS1123_SUBDOMAIN_RE
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _MAX_NAME: Final = 253
 _MAX_LABEL: Final = 63

@@ -54,6 +54,7 @@ from neuron_dra.common.constants import (
     device_name,
     format_ultraserver_modes,
 )
+from neuron_dra.common.names import LABEL_VALUE_RE
 from neuron_dra.common.profiles import (
     GIB,
     InstanceProfile,
@@ -85,7 +86,7 @@ _SEMVER = re.compile(
     r"(-((0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
 )
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_VALUE = LABEL_VALUE_RE
 
 
 class InventoryError(ValueError):

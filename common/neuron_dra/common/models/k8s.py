@@ -10,13 +10,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from neuron_dra.common.names import DNS1123_SUBDOMAIN_FMT
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from pydantic.alias_generators import to_camel
 
 JsonDict = dict[str, Any]
 
 #: RFC 1123 DNS subdomain, as Kubernetes uses for object names.
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN_PATTERN = "^" + DNS1123_SUBDOMAIN_FMT + "$"
 DNS_SUBDOMAIN_MAX_LENGTH = 253
 #: Node names are DNS subdomains too.
 NODE_NAME_MAX_LENGTH = DNS_SUBDOMAIN_MAX_LENGTH

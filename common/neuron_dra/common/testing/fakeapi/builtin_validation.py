@@ -33,6 +33,7 @@ from typing import Any
 
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
+from neuron_dra.common import names
 from neuron_dra.common.quantity import parse_quantity
 from neuron_dra.common.testing.fakeapi.errors import (
     DUPLICATE,
@@ -93,17 +94,17 @@ TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024
 # --------------------------------------------------------------------------------------------
 # Name formats (k8s.io/apimachinery/pkg/util/validation): each returns the list of messages.
 
-_DNS1123_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN_FMT = _DNS1123_LABEL_FMT + r"(\." + _DNS1123_LABEL_FMT + ")*"
-_QUALIFIED_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_LABEL_VALUE_FMT = "(" + _QUALIFIED_NAME_FMT + ")?"
-_C_IDENTIFIER_FMT = "[A-Za-z_][A-Za-z0-9_]*"
+_DNS1123_LABEL_FMT = names.DNS1123_LABEL_FMT
+_DNS1123_SUBDOMAIN_FMT = names.DNS1123_SUBDOMAIN_FMT
+_QUALIFIED_NAME_FMT = names.QUALIFIED_NAME_FMT
+_LABEL_VALUE_FMT = names.LABEL_VALUE_FMT
+_C_IDENTIFIER_FMT = names.C_IDENTIFIER_FMT
 
-_DNS1123_LABEL_RE = re.compile(_DNS1123_LABEL_FMT)
-_DNS1123_SUBDOMAIN_RE = re.compile(_DNS1123_SUBDOMAIN_FMT)
-_QUALIFIED_NAME_RE = re.compile(_QUALIFIED_NAME_FMT)
-_LABEL_VALUE_RE = re.compile(_LABEL_VALUE_FMT)
-_C_IDENTIFIER_RE = re.compile(_C_IDENTIFIER_FMT)
+_DNS1123_LABEL_RE = names.DNS1123_LABEL_RE
+_DNS1123_SUBDOMAIN_RE = names.DNS1123_SUBDOMAIN_RE
+_QUALIFIED_NAME_RE = names.QUALIFIED_NAME_RE
+_LABEL_VALUE_RE = names.LABEL_VALUE_RE
+_C_IDENTIFIER_RE = names.C_IDENTIFIER_RE
 
 _QUALIFIED_NAME_MSG = (
     "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_dra.common import names
+
 Matcher = Callable[[dict[str, Any]], bool]
 
 
@@ -21,9 +23,9 @@ class SelectorError(ValueError):
     """An unparsable or unsupported selector (the server answers 400 BadRequest)."""
 
 
-_QUALIFIED = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUALIFIED = re.compile("^" + names.QUALIFIED_NAME_FMT + "$")
+_PREFIX = re.compile("^" + names.DNS1123_SUBDOMAIN_FMT + "$")
+_VALUE = re.compile("^" + names.LABEL_VALUE_FMT + "$")
 
 
 def _check_key(key: str) -> None:
@@ -115,8 +117,7 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
             values = tuple(v.strip() for v in inner.split(",")) if inner.strip() else ()
             if not values:
                 raise SelectorError(
-                    f"unable to parse requirement: for '{op}' operators, values set can't be "
-                    "empty"
+                    f"unable to parse requirement: for '{op}' operators, values set can't be empty"
                 )
             for v in values:
                 _check_value(v)
@@ -203,9 +204,7 @@ def field_value(obj: dict[str, Any], label: str) -> str:
     return str(cur)
 
 
-def parse_field_selector(
-    text: str | None, allowed: Iterable[str]
-) -> list[tuple[str, str, str]]:
+def parse_field_selector(text: str | None, allowed: Iterable[str]) -> list[tuple[str, str, str]]:
     """Parse into (field, op, value) triples; unknown fields raise SelectorError."""
     if not text or not text.strip():
         return []
@@ -218,7 +217,7 @@ def parse_field_selector(
         for op in ("!=", "==", "="):
             idx = _find_unescaped(part, op)
             if idx >= 0:
-                field, value = part[:idx].strip(), _unescape(part[idx + len(op):].strip())
+                field, value = part[:idx].strip(), _unescape(part[idx + len(op) :].strip())
                 break
         else:
             raise SelectorError(f"invalid selector: '{part}'; can't understand '{part}'")
