@@ -25,7 +25,7 @@ from .base import JsonDict, Loop
 from .claims import ClaimController
 from .kubelet import SimKubelet
 from .scheduler import Scheduler
-from .workloads import Group, PodSet, ReplicaSet
+from .workloads import Group, PodSet, ReplicaSet, from_manifest
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,14 @@ class ControlPlane:
         await group.start()
         self.workloads.append(group)
         return group
+
+    async def run(self, manifest: Mapping[str, Any], namespace: str = "default") -> PodSet:
+        """Start the controller for a Deployment or LeaderWorkerSet manifest
+        (:func:`.workloads.from_manifest`), stopped with the control plane."""
+        workload = from_manifest(self.kube, manifest, namespace)
+        await workload.start()
+        self.workloads.append(workload)
+        return workload
 
     async def remove(self, workload: PodSet, *, delete_pods: bool = True) -> None:
         """Stop one workload controller (and by default delete its pods)."""

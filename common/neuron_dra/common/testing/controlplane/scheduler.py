@@ -2,6 +2,8 @@
 
 For a Pending pod without ``spec.nodeName`` whose ResourceClaims all exist:
 
+0. The nodes it may run on are filtered first (:mod:`.placement`: Ready, not cordoned, taints,
+   node selector and affinity, required pod affinity/anti-affinity).
 1. Claims already allocated (shared claims, or an earlier attempt of this pod) pin the node.
 2. The others are allocated with the shared structured allocator
    (:func:`neuron_dra.common.testing.allocation.allocate`) over the cached ResourceSlices and
@@ -20,8 +22,8 @@ Release (the resourceclaim controller's part in Kubernetes): when a pod is gone 
 is removed from ``reservedFor`` of its claims, and a claim left without consumers is
 deallocated unless it is about to be deleted (claims generated for a pod go with the pod).
 
-Not modelled: the ``resource.kubernetes.io/delete-protection`` finalizer, node affinity,
-resources other than DRA devices, preemption, scheduling gates.
+Not modelled: the ``resource.kubernetes.io/delete-protection`` finalizer, scoring (nodes are
+tried in name order), resources other than DRA devices, preemption, scheduling gates.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from .base import (
     uid_index,
     uid_of,
 )
+from .placement import PlacedPod, feasible_nodes
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +146,10 @@ class Scheduler(Loop[Key]):
         )
 
     def _on_pod(self, pod: JsonDict) -> None:
-        if (pod.get("spec") or {}).get("nodeName"):
-            self._bound.pop(uid_of(pod), None)
+        if (pod.get("spec") or {}).get("nodeName") and self._bound.pop(uid_of(pod), None):
+            # Our own binding is now in the cache: pods waiting to be near it (pod affinity)
+            # may fit now. (A pod bound while we were not looking is requeued by its claims.)
+            self._requeue_pending()
         if self._unscheduled(pod):
             self.queue.add(("pod", object_key(pod)))
         elif (pod.get("status") or {}).get("phase") in _TERMINAL:
@@ -153,6 +158,7 @@ class Scheduler(Loop[Key]):
     def _on_pod_gone(self, pod: JsonDict) -> None:
         self._bound.pop(uid_of(pod), None)
         self._release_claims_of(pod)
+        self._requeue_pending()  # anti-affinity it imposed is gone
 
     def _release_claims_of(self, pod: JsonDict) -> None:
         ns = meta(pod).get("namespace")
@@ -193,11 +199,12 @@ class Scheduler(Loop[Key]):
             claims = self._claims_of(pod)
             if claims is None:
                 return  # a claim does not exist yet; its creation requeues the pod
+            allowed = self._feasible(pod)
             if not claims:
-                node = self._any_node()
+                node = allowed[0]
                 results: dict[str, AllocationResult] = {}
             else:
-                node, results = self._plan(claims)
+                node, results = self._plan(claims, allowed)
         except _Unschedulable as exc:
             await self._unschedulable(pod, str(exc))
             return
@@ -226,11 +233,27 @@ class Scheduler(Loop[Key]):
             claims.append(claim)
         return claims
 
-    def _any_node(self) -> str:
-        names = sorted(str(meta(n).get("name")) for n in self.nodes.store.list())
-        if not names:
+    def _placed(self) -> list[PlacedPod]:
+        """Pods holding a node (bound, or bound by us and not yet in the cache)."""
+        out: list[PlacedPod] = []
+        for p in self.pods.store.list():
+            m = meta(p)
+            node = (p.get("spec") or {}).get("nodeName") or self._bound.get(uid_of(p))
+            if not node or m.get("deletionTimestamp"):
+                continue
+            if (p.get("status") or {}).get("phase") in _TERMINAL:
+                continue
+            out.append(PlacedPod(str(m.get("namespace") or ""), m.get("labels") or {}, node))
+        return out
+
+    def _feasible(self, pod: JsonDict) -> list[str]:
+        nodes = self.nodes.store.list()
+        if not nodes:
             raise _Unschedulable("no nodes available to schedule pods")
-        return names[0]
+        got = feasible_nodes(pod, nodes, self._placed())
+        if not got.nodes:
+            raise _Unschedulable(got.message())
+        return got.nodes
 
     def _in_use(self) -> set[DeviceKey]:
         used: set[DeviceKey] = set()
@@ -246,8 +269,11 @@ class Scheduler(Loop[Key]):
                 used |= assumed.devices
         return used
 
-    def _plan(self, claims: Sequence[JsonDict]) -> tuple[str, dict[str, AllocationResult]]:
-        """(node, allocation per claim uid) for the claims not allocated yet."""
+    def _plan(
+        self, claims: Sequence[JsonDict], allowed: Sequence[str]
+    ) -> tuple[str, dict[str, AllocationResult]]:
+        """(node, allocation per claim uid) for the claims not allocated yet, on one of the
+        ``allowed`` nodes (name order)."""
         pinned = {
             node
             for c in claims
@@ -258,9 +284,14 @@ class Scheduler(Loop[Key]):
                 f"the pod's ResourceClaims are allocated on different nodes: {sorted(pinned)}"
             )
         pin = next(iter(pinned), None)
+        if pin is not None and pin not in allowed:
+            raise _Unschedulable(
+                f"the pod's ResourceClaims are allocated on node {pin}, which cannot take the "
+                "pod (not ready, cordoned, tainted or excluded by its affinity)"
+            )
         todo = [c for c in claims if not (c.get("status") or {}).get("allocation")]
         if not todo:
-            return pin or self._any_node(), {}
+            return pin or allowed[0], {}
         classes = {str(meta(c).get("name")): c for c in self.classes.store.list()}
         slices = self.slices.store.list()
         used = self._in_use()
@@ -278,11 +309,19 @@ class Scheduler(Loop[Key]):
                 raise _Unschedulable(got.message)
             return got
 
+        # The first claim searched over every node gives the allocator's own message when it
+        # fits nowhere, and usually the node to use.
         first = alloc(todo[0], pin, used)
-        candidates = [first.node_name]
+        ok = set(allowed)
+        candidates = [first.node_name] if first.node_name in ok else []
         if pin is None:
             nodes = sorted({str((s.get("spec") or {}).get("nodeName") or "") for s in slices})
-            candidates += [n for n in nodes if n and n != first.node_name]
+            candidates += [n for n in nodes if n in ok and n != first.node_name]
+        if not candidates:
+            raise _Unschedulable(
+                f"the devices fit only on nodes that cannot take the pod ({first.node_name}: "
+                "not ready, cordoned, tainted or excluded by its affinity)"
+            )
         last = ""
         for node in candidates:
             taken = set(used)

@@ -7,6 +7,13 @@
   with LeaderWorkerSet's labels (``leaderworkerset.sigs.k8s.io/name``, ``group-index`` 0,
   ``worker-index``, ``group-key``) and annotations (``size``; ``leader-name`` on workers);
   index 0 is the leader.
+- :class:`LeaderWorkerSet`: ``replicas`` such groups named as LeaderWorkerSet names them
+  (leader ``<name>-<g>``, workers ``<name>-<g>-<w>``), from a ``leaderworkerset.x-k8s.io/v1``
+  manifest; the ``exclusive-topology`` annotation becomes the required pod affinity and
+  anti-affinity LeaderWorkerSet's webhook injects (one group per topology domain).
+
+:func:`from_manifest` turns an ``apps/v1`` Deployment or a LeaderWorkerSet manifest into the
+matching controller, so scenarios run the manifests users write.
 
 There is no owning API object (the fake API server serves no apps/v1 kinds), hence no
 ownerReferences: stop the controller with ``delete_pods=True`` to remove its pods.
@@ -162,7 +169,7 @@ class Group(PodSet):
             raise ValueError("size must be >= 1")
         super().__init__(kube, namespace, name, pod_template, {LWS_NAME_LABEL: name})
         self.size = size
-        self.group_key = hashlib.sha1(f"{namespace}/{name}/0".encode()).hexdigest()
+        self.group_key = _group_key(namespace, name, 0)
 
     @property
     def leader_name(self) -> str:
@@ -182,3 +189,150 @@ class Group(PodSet):
                 annotations[LWS_LEADER_NAME_ANNOTATION] = self.leader_name
             out[name] = self._pod(name, labels, annotations)
         return out
+
+
+LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION: Final = LWS_PREFIX + "exclusive-topology"
+
+
+def _group_key(namespace: str, name: str, group: int) -> str:
+    return hashlib.sha1(f"{namespace}/{name}/{group}".encode()).hexdigest()
+
+
+def exclusive_topology_affinity(group_key: str, topology_key: str) -> JsonDict:
+    """What LeaderWorkerSet injects for ``exclusive-topology``: every pod of a group in the
+    same topology domain, and no other group's pods in it."""
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchExpressions": [
+                            {"key": LWS_GROUP_KEY_LABEL, "operator": "In", "values": [group_key]}
+                        ]
+                    },
+                    "topologyKey": topology_key,
+                }
+            ]
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchExpressions": [
+                            {"key": LWS_GROUP_KEY_LABEL, "operator": "Exists"},
+                            {
+                                "key": LWS_GROUP_KEY_LABEL,
+                                "operator": "NotIn",
+                                "values": [group_key],
+                            },
+                        ]
+                    },
+                    "topologyKey": topology_key,
+                }
+            ]
+        },
+    }
+
+
+class LeaderWorkerSet(PodSet):
+    """``replicas`` groups of ``size`` pods: leader ``<name>-<g>``, workers ``<name>-<g>-<w>``."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        namespace: str,
+        name: str,
+        *,
+        replicas: int,
+        size: int,
+        worker_template: Mapping[str, Any],
+        leader_template: Mapping[str, Any] | None = None,
+        exclusive_topology: str | None = None,
+    ) -> None:
+        if replicas < 0 or size < 1:
+            raise ValueError("replicas must be >= 0 and size >= 1")
+        super().__init__(kube, namespace, name, worker_template, {LWS_NAME_LABEL: name})
+        self.replicas = replicas
+        self.size = size
+        self.leader_template = copy.deepcopy(dict(leader_template or worker_template))
+        self.exclusive_topology = exclusive_topology
+
+    def group_pod_names(self, group: int) -> list[str]:
+        leader = f"{self.set_name}-{group}"
+        return [leader, *(f"{leader}-{w}" for w in range(1, self.size))]
+
+    def desired(self) -> dict[str, JsonDict]:
+        out: dict[str, JsonDict] = {}
+        for g in range(self.replicas):
+            key = _group_key(self.namespace, self.set_name, g)
+            names = self.group_pod_names(g)
+            for w, pod_name in enumerate(names):
+                labels = {
+                    LWS_GROUP_INDEX_LABEL: str(g),
+                    LWS_WORKER_INDEX_LABEL: str(w),
+                    LWS_GROUP_KEY_LABEL: key,
+                }
+                annotations = {LWS_SIZE_ANNOTATION: str(self.size)}
+                if w:
+                    annotations[LWS_LEADER_NAME_ANNOTATION] = names[0]
+                pod = self._pod(pod_name, labels, annotations)
+                template = self.leader_template if w == 0 else self.pod_template
+                tmeta = template.get("metadata") or {}
+                pod["metadata"]["labels"] = {
+                    **(tmeta.get("labels") or {}),
+                    **pod["metadata"]["labels"],
+                }
+                pod["spec"] = copy.deepcopy(template.get("spec") or {})
+                if self.exclusive_topology:
+                    pod["spec"]["affinity"] = {
+                        **(pod["spec"].get("affinity") or {}),
+                        **exclusive_topology_affinity(key, self.exclusive_topology),
+                    }
+                out[pod_name] = pod
+        return out
+
+
+class ManifestError(ValueError):
+    """A workload manifest the simulated controllers cannot run (says what to change)."""
+
+
+def from_manifest(kube: KubeClient, manifest: Mapping[str, Any], namespace: str) -> PodSet:
+    """The controller for an ``apps/v1`` Deployment or a ``leaderworkerset.x-k8s.io/v1``
+    LeaderWorkerSet manifest (not started)."""
+    kind = manifest.get("kind")
+    mmeta = manifest.get("metadata") or {}
+    name = str(mmeta.get("name") or "")
+    ns = str(mmeta.get("namespace") or namespace)
+    spec = manifest.get("spec") or {}
+    if kind == "Deployment":
+        template = spec.get("template") or {}
+        selector = (spec.get("selector") or {}).get("matchLabels") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in selector.items()):
+            raise ManifestError(
+                f"Deployment {name}: spec.selector.matchLabels {selector} does not match "
+                f"spec.template.metadata.labels {labels}"
+            )
+        return ReplicaSet(kube, ns, name, int(spec.get("replicas", 1)), template)
+    if kind == "LeaderWorkerSet":
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        worker = lwt.get("workerTemplate")
+        if not worker:
+            raise ManifestError(
+                f"LeaderWorkerSet {name}: spec.leaderWorkerTemplate.workerTemplate is required"
+            )
+        return LeaderWorkerSet(
+            kube,
+            ns,
+            name,
+            replicas=int(spec.get("replicas", 1)),
+            size=int(lwt.get("size", 1)),
+            worker_template=worker,
+            leader_template=lwt.get("leaderTemplate"),
+            exclusive_topology=(mmeta.get("annotations") or {}).get(
+                LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION
+            ),
+        )
+    raise ManifestError(
+        f"{kind} {name}: the simulated cluster runs Deployments and LeaderWorkerSets only"
+    )

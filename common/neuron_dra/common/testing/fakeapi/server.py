@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
@@ -52,6 +52,7 @@ _DEFAULTED = frozenset({("resource.k8s.io", "resourceclaims"),
                         ("resource.k8s.io", "resourceclaimtemplates")})
 StrList = list[str]
 JSONList = list[JSON]
+T = TypeVar("T")
 BytesList = list[bytes]
 CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 NS_KEY = ("", "namespaces")
@@ -932,6 +933,33 @@ class FakeAPIServer:
 
     def write_kubeconfig(self, path: Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+
+    async def wait_until(
+        self, predicate: Callable[[], T | None], what: str, limit: float = 30.0
+    ) -> T:
+        """Return ``predicate()`` once it is truthy, re-evaluating it after every write the
+        server commits (no polling); ``TimeoutError`` naming ``what`` after ``limit`` s.
+
+        For conditions that only the API server's state decides (a pod Running, a status
+        field set, a slice tagged)."""
+        changed = asyncio.Event()
+
+        def on_write(_ev: Event) -> None:
+            changed.set()
+
+        self.store.listeners.append(on_write)
+        try:
+            async with asyncio.timeout(limit):
+                while True:
+                    changed.clear()
+                    got = predicate()
+                    if got:
+                        return got
+                    await changed.wait()
+        except TimeoutError:
+            raise TimeoutError(f"timed out after {limit:g}s waiting for {what}") from None
+        finally:
+            self.store.listeners.remove(on_write)
 
     def _drop_watches(self) -> int:
         return self.store.close_watchers("dropped")

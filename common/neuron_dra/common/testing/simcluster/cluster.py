@@ -1,0 +1,317 @@
+"""The whole system on one machine: the fake API server, the UltraServer controller, one
+kubelet plugin per emulated node, and the simulated control plane (claim controller,
+scheduler, kubelets) — all real components talking HTTP and gRPC over real sockets.
+
+    async with SimCluster(default_nodes()) as sim:
+        await sim.apply_file(repo / "examples/specs/connected-4-devices.yaml")
+        ...
+
+Each component gets its own Kubernetes client (its own connection pool and watches), as the
+separate processes of a real cluster would. Every node's files (emulated sysfs/dev tree, CDI
+directory, kubelet plugin and registry directories, boot id) live under ``workdir/<node>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import yaml
+from neuron_dra.common.constants import DRIVER_NAMESPACE
+from neuron_dra.common.k8s.client import KubeClient, connect
+from neuron_dra.common.testing.controlplane import (
+    CDI_DEVICES_ANNOTATION,
+    ControlPlane,
+    ensure_device_classes,
+)
+from neuron_dra.common.testing.controlplane.workloads import PodSet
+from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+
+from .containers import ContainerDevices, load_specs, resolve
+from .topology import SimNode, check_unique, default_nodes, node_object, ready_condition
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+JsonDict = dict[str, Any]
+
+RESOURCE_V1 = "resource.k8s.io/v1"
+NEURON_V1BETA1 = "neuron.aws.com/v1beta1"
+#: Bound for one awaited condition: generous, as CI machines are small and shared.
+DEFAULT_LIMIT = 60.0
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
+class SimCluster:
+    def __init__(
+        self,
+        nodes: Sequence[SimNode] | None = None,
+        *,
+        workdir: Path | None = None,
+        api_port: int = 0,
+        controller: bool = True,
+        limit: float = DEFAULT_LIMIT,
+    ) -> None:
+        self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
+        check_unique(self.nodes)
+        # Unix socket paths are limited to 108 bytes: keep the root short.
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="ndra-sim-", dir="/tmp"))
+        self.api = FakeAPIServer(port=api_port)
+        self.with_controller = controller
+        self.limit = limit
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.kube: KubeClient | None = None
+        self.cp: ControlPlane | None = None
+        self.manager: Any = None  # ControllerManager (imported lazily: controller package)
+        self.plugins: dict[str, Any] = {}  # node → KubeletPlugin
+        self._clients: list[KubeClient] = []
+        self.failed: set[str] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def node_root(self, node: str) -> Path:
+        return self.workdir / node
+
+    def cdi_root(self, node: str) -> Path:
+        return self.node_root(node) / "cdi"
+
+    def registrar_dir(self, node: str) -> Path:
+        return self.node_root(node) / "plugins_registry"
+
+    async def _client(self) -> KubeClient:
+        kube = await connect(self.kubeconfig)
+        self._clients.append(kube)
+        return kube
+
+    async def start(self) -> None:
+        await self.api.start()
+        self.api.write_kubeconfig(self.kubeconfig)
+        self.kube = await self._client()
+        for node in self.nodes:
+            self.api.create(node_object(node))
+            root = self.node_root(node.name)
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "boot_id").write_text("sim-boot-1\n")
+        await ensure_device_classes(self.kube)
+        # Plugins start one at a time on purpose: each writes an emulated tree and imports
+        # nothing new after the first, so in parallel they would only contend for the GIL.
+        for node in self.nodes:
+            await self.start_plugin(node.name)
+        if self.with_controller:
+            await self.start_controller()
+        self.cp = ControlPlane(
+            await self._client(),
+            registrar_dirs={n.name: self.registrar_dir(n.name) for n in self.nodes},
+        )
+        await self.cp.start()
+        await asyncio.wait_for(
+            asyncio.gather(*(k.registered.wait() for k in self.cp.kubelets.values())),
+            self.limit,
+        )
+        await self.wait_until(self._all_published, "every node's ResourceSlice")
+        if self.with_controller:
+            want = {n.ultraserver_id for n in self.nodes if n.ultraserver_id}
+            await self.wait_until(
+                lambda: want <= {o["metadata"]["name"] for o in self.ultraservers()},
+                f"NeuronUltraServers {sorted(want)} discovered",
+            )
+
+    def _all_published(self) -> bool:
+        published = {s["spec"]["nodeName"] for s in self.slices()}
+        return {n.name for n in self.nodes} <= published
+
+    async def start_plugin(self, node_name: str) -> None:
+        from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
+
+        node = self._node(node_name)
+        root = self.node_root(node_name)
+        plugin = KubeletPlugin(
+            PluginConfig(
+                node_name=node.name,
+                cdi_root=root / "cdi",
+                registrar_dir=self.registrar_dir(node.name),
+                plugins_dir=root / "plugins",
+                emulation_mode=node.instance_type,
+                emulated_ultraserver_id=node.ultraserver_id,
+                emulated_ultraserver_node_id=node.ultraserver_node_id,
+                emulation_root=root / "host",
+                opt_root=None,
+                http_host="127.0.0.1",
+                http_port=0,
+                boot_id_path=root / "boot_id",
+            ),
+            await self._client(),
+        )
+        await plugin.start()
+        self.plugins[node.name] = plugin
+
+    async def start_controller(self) -> None:
+        from neuron_dra.controller.manager import ControllerManager, ManagerConfig
+
+        self.manager = ControllerManager(
+            await self._client(),
+            ManagerConfig(namespace=DRIVER_NAMESPACE, http_host="127.0.0.1", http_port=0),
+        )
+        await self.manager.start()
+
+    async def stop(self) -> None:
+        if self.cp is not None:
+            await _quietly(self.cp.stop(), "control plane")
+        if self.manager is not None:
+            await _quietly(self.manager.stop(), "controller")
+        for name, plugin in list(self.plugins.items()):
+            await _quietly(plugin.stop(), f"plugin {name}")
+        self.plugins.clear()
+        for kube in self._clients:
+            await _quietly(kube.close(), "client")
+        self._clients.clear()
+        await _quietly(self.api.stop(), "fake API server")
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _node(self, name: str) -> SimNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"no simulated node {name}")
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    async def wait_until(
+        self, predicate: Callable[[], T | None], what: str, limit: float | None = None
+    ) -> T:
+        """``predicate()`` once truthy; re-checked on every API write (no polling)."""
+        return await self.api.wait_until(predicate, what, self.limit if limit is None else limit)
+
+    # --- applying manifests ----------------------------------------------------------------
+
+    async def apply(self, manifest: Mapping[str, Any], namespace: str = "default") -> Any:
+        """Create an API object, or start the simulated controller of a Deployment or
+        LeaderWorkerSet (kinds the fake API server does not serve)."""
+        if manifest.get("kind") in WORKLOAD_KINDS:
+            assert self.cp is not None
+            return await self.cp.run(manifest, namespace)
+        obj = dict(manifest)
+        rt = self.api.resource_type(str(obj.get("apiVersion")), str(obj.get("kind")))
+        if rt.namespaced:
+            obj["metadata"] = {"namespace": namespace, **(obj.get("metadata") or {})}
+        return self.api.create(obj)
+
+    async def apply_file(self, path: Path, namespace: str = "default") -> list[Any]:
+        docs = [d for d in yaml.safe_load_all(await asyncio.to_thread(path.read_text)) if d]
+        return [await self.apply(doc, namespace) for doc in docs]
+
+    async def remove(self, workload: PodSet) -> None:
+        assert self.cp is not None
+        await self.cp.remove(workload)
+
+    # --- node failures ---------------------------------------------------------------------
+
+    async def fail_node(self, name: str) -> None:
+        """The node dies: its kubelet and plugin stop, and the node controller marks the Node
+        NotReady (Kubernetes would after the grace period). Its ResourceSlice stays, as it
+        does in a real cluster until the node object goes."""
+        assert self.cp is not None
+        self.failed.add(name)
+        await self.cp.kubelets[name].stop()
+        plugin = self.plugins.pop(name, None)
+        if plugin is not None:
+            await plugin.stop()
+        self._set_ready(name, False)
+
+    def _set_ready(self, name: str, ready: bool) -> None:
+        node = self.api.get("v1", "Node", name)
+        assert node is not None
+        others = [
+            c for c in node.get("status", {}).get("conditions", []) if c.get("type") != "Ready"
+        ]
+        node.setdefault("status", {})["conditions"] = [*others, ready_condition(ready)]
+        self.api.update_status(node)
+
+    # --- reading state (in-process) --------------------------------------------------------
+
+    def slices(self) -> list[JsonDict]:
+        return self.api.list(RESOURCE_V1, "ResourceSlice")
+
+    def ultraservers(self) -> list[JsonDict]:
+        return self.api.list(NEURON_V1BETA1, "NeuronUltraServer", DRIVER_NAMESPACE)
+
+    def workload(self, name: str, namespace: str = "default") -> JsonDict | None:
+        return self.api.get(NEURON_V1BETA1, "NeuronUltraServerWorkload", name, namespace)
+
+    def pod(self, name: str, namespace: str = "default") -> JsonDict | None:
+        return self.api.get("v1", "Pod", name, namespace)
+
+    def pods(self, namespace: str = "default", selector: str | None = None) -> list[JsonDict]:
+        return self.api.list("v1", "Pod", namespace, label_selector=selector)
+
+    def claim(self, name: str, namespace: str = "default") -> JsonDict | None:
+        return self.api.get(RESOURCE_V1, "ResourceClaim", name, namespace)
+
+    def claims(self, namespace: str = "default") -> list[JsonDict]:
+        return self.api.list(RESOURCE_V1, "ResourceClaim", namespace)
+
+    def claims_of(self, pod: Mapping[str, Any]) -> dict[str, JsonDict]:
+        """Pod claim name → the ResourceClaim (those that exist)."""
+        ns = pod["metadata"].get("namespace", "default")
+        out: dict[str, JsonDict] = {}
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+            name = status.get("resourceClaimName")
+            claim = self.claim(name, ns) if name else None
+            if claim is not None:
+                out[status["name"]] = claim
+        return out
+
+    def events(
+        self, name: str | None = None, reason: str | None = None, namespace: str = "default"
+    ) -> list[JsonDict]:
+        return [
+            e
+            for e in self.api.list("events.k8s.io/v1", "Event", namespace)
+            if (name is None or e.get("regarding", {}).get("name") == name)
+            and (reason is None or e.get("reason") == reason)
+        ]
+
+    def container_devices(self, pod: Mapping[str, Any]) -> dict[str, ContainerDevices]:
+        """Container name → what a CDI runtime on the pod's node would inject."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        raw = (pod["metadata"].get("annotations") or {}).get(CDI_DEVICES_ANNOTATION)
+        if not node or not raw:
+            return {}
+        specs = load_specs(self.cdi_root(node))
+        return {name: resolve(specs, ids) for name, ids in json.loads(raw).items()}
+
+    def running(self, names: Iterable[str], namespace: str = "default") -> list[JsonDict] | None:
+        """The pods, once all of them are Running (for :meth:`wait_until`)."""
+        out = []
+        for name in names:
+            pod = self.pod(name, namespace)
+            if pod is None or pod.get("status", {}).get("phase") != "Running":
+                return None
+            out.append(pod)
+        return out
+
+
+async def _quietly(aw: Any, what: str) -> None:
+    try:
+        await aw
+    except Exception:
+        log.exception("stopping %s failed", what)
