@@ -8,7 +8,8 @@ module and is tested on its own. Start-up order matters to the kubelet:
 2. recover prepared claims from the checkpoint (CDI specs of running pods must exist before
    the kubelet talks to us again);
 3. publish the ResourceSlice and the Node labels (the publisher keeps them published); what
-   only Prepare needs (its config models) is imported after the first publish, before 4;
+   only serving needs (Prepare's config models, the gRPC stack, aiohttp's server side: a
+   third of the process's imports) is imported after the first publish, before 4;
 4. serve the DRA socket, and only then create the registration socket (``PluginServer``);
 5. serve ``/healthz``, ``/readyz`` (registered and slice published) and ``/metrics``.
 
@@ -27,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 from neuron_dra.common.constants import DRIVER_NAME
-from neuron_dra.common.httpserver import HttpServer
+from neuron_dra.common.httpserver import HttpServer, load_web
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.nodeplugin.claims import load_config_models
@@ -38,7 +39,12 @@ from neuron_dra.nodeplugin.discovery.emulation import (
 )
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.discovery.udev import scan_udev
-from neuron_dra.nodeplugin.kubeletapi import DeviceHealthReport, HealthBoard, PluginServer
+from neuron_dra.nodeplugin.kubeletapi import (
+    DeviceHealthReport,
+    HealthBoard,
+    PluginServer,
+    load_grpc_stack,
+)
 from neuron_dra.nodeplugin.preparer import Preparer
 from neuron_dra.nodeplugin.publisher import NodeLabeller, PublisherMetrics, SlicePublisher
 from neuron_dra.nodeplugin.reservations import ReservationWatcher
@@ -55,6 +61,14 @@ DEFAULT_RESCAN_INTERVAL = 30.0
 PUBLISH_BEFORE_IMPORT_WAIT = 1.0
 #: How long start-up waits for the NeuronUltraServer list before publishing anyway.
 RESERVATIONS_SYNC_TIMEOUT = 30.0
+
+
+def load_serving_stack() -> None:
+    """Import what only serving needs (safe in a worker thread): Prepare's opaque-config
+    models (pydantic), the gRPC stack and aiohttp's server side."""
+    load_config_models()
+    load_grpc_stack()
+    load_web()
 
 
 def dra_driver_version() -> str:
@@ -195,6 +209,11 @@ class KubeletPlugin:
             ultraserver_node_id=cfg.emulated_ultraserver_node_id,
         )
 
+    async def _write_emulated_tree(self) -> None:
+        if self.config.emulation_mode:
+            self._emulated = await asyncio.to_thread(self._emulate)
+            log.info("emulating %s at %s", self.config.emulation_mode, self._emulated.sysfs_root)
+
     def _scan(self) -> NodeInventory:
         cfg = self.config
         if self._emulated is not None:
@@ -271,10 +290,10 @@ class KubeletPlugin:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         cfg.cdi_root.mkdir(parents=True, exist_ok=True)
-        self._node_labels = await self._read_node_labels()
-        if cfg.emulation_mode:
-            self._emulated = await asyncio.to_thread(self._emulate)
-            log.info("emulating %s at %s", cfg.emulation_mode, self._emulated.sysfs_root)
+        # Independent: the emulated tree is written (worker thread) while the GET is in flight.
+        self._node_labels, _ = await asyncio.gather(
+            self._read_node_labels(), self._write_emulated_tree()
+        )
         await self.discover()
         await self.preparer.start()
         self.labeller.watch_node(self.publisher.node_reflector)
@@ -292,13 +311,13 @@ class KubeletPlugin:
             )
         self.publisher.start()
         self.labeller.start()
-        # Prepare's config models (pydantic) were left out of the imports so far: nothing
-        # before the publish needs them. Load them before serving, so that no Prepare pays
-        # for it, but after the first publish (bounded wait), which the import would slow
-        # down (it holds the GIL for a few hundred ms).
+        # What only serving needs was left out of the imports so far: nothing before the
+        # publish needs it. Load it before serving, so that no Prepare pays for it, but after
+        # the first publish (bounded wait), which the imports would slow down (they hold the
+        # GIL for a few hundred ms).
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.publisher.published.wait(), PUBLISH_BEFORE_IMPORT_WAIT)
-        await asyncio.to_thread(load_config_models)
+        await asyncio.to_thread(load_serving_stack)
         await self.server.start()
         await self.http.start(cfg.http_host, cfg.http_port)
         self._rescan_task = asyncio.create_task(self._rescan_loop(), name="rescan")

@@ -3,10 +3,10 @@
 ``PluginServer`` serves DRA v1 + v1beta1 (and optionally dra-health v1alpha1) on the DRA
 socket and the registration service on the registration socket, translating between the
 wire and the plain dataclasses of ``model``; the claim work itself is a ``DriverBackend``.
-Generated protobuf code is only touched in ``_proto``.
+Generated protobuf code is only touched in ``_proto``, and importing this package does not
+import the gRPC stack (``wiring`` does, when the servers start).
 """
 
-from .health import HealthBoard
 from .model import (
     DEFAULT_BUDGET,
     DRA_PLUGIN_TYPE,
@@ -28,8 +28,8 @@ from .model import (
     SocketPathError,
     UnprepareResult,
 )
-from .registration import RegistrationState
-from .server import PluginServer, socket_paths
+from .server import PluginServer, load_grpc_stack, socket_paths
+from .state import HealthBoard, RegistrationState
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -54,5 +54,6 @@ __all__ = [
     "ServerStateError",
     "SocketPathError",
     "UnprepareResult",
+    "load_grpc_stack",
     "socket_paths",
 ]

@@ -21,11 +21,11 @@ import grpc
 from ._proto import DraCodec, Message
 from .model import (
     DEFAULT_BUDGET,
-    KUBELET_CALL_TIMEOUT,
     ClaimRef,
     DriverBackend,
     PrepareResult,
     UnprepareResult,
+    validate_budget,
 )
 
 log = logging.getLogger(__name__)
@@ -35,15 +35,6 @@ R = TypeVar("R", PrepareResult, UnprepareResult)
 
 class InvalidRequest(ValueError):
     """The request is malformed as a whole (answered with INVALID_ARGUMENT)."""
-
-
-def validate_budget(budget: float) -> float:
-    if not 0 < budget < KUBELET_CALL_TIMEOUT:
-        raise ValueError(
-            f"budget must be between 0 and the kubelet's {KUBELET_CALL_TIMEOUT:g}s call "
-            f"timeout (exclusive), got {budget!r}"
-        )
-    return budget
 
 
 def unique_claims(claims: Sequence[ClaimRef]) -> list[ClaimRef]:

@@ -1,4 +1,5 @@
-"""``v1alpha1.DRAResourceHealth`` stream (reference/kubelet-dra.md §3) and a HealthSource.
+"""``v1alpha1.DRAResourceHealth`` stream (reference/kubelet-dra.md §3); the board it reads is
+``state.HealthBoard``.
 
 The kubelet keeps one ``NodeWatchResources`` stream per plugin and treats every message
 as the complete device list. It marks a device Unknown when it has not been reported for
@@ -10,59 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ._proto import Message, watch_response
-from .model import DeviceHealthReport, HealthSource
+from .model import DEFAULT_RESEND_INTERVAL, HealthSource
 
 log = logging.getLogger(__name__)
-
-#: Comfortably below the kubelet's 30 s default health timeout.
-DEFAULT_RESEND_INTERVAL = 10.0
-
-
-class HealthBoard:
-    """In-memory ``HealthSource``: a health monitor writes, streams read.
-
-    Not thread-safe: call it from the event loop that serves the streams.
-    """
-
-    def __init__(self, reports: Iterable[DeviceHealthReport] = ()) -> None:
-        self._reports = {(r.pool_name, r.device_name): r for r in reports}
-        self._generation = 0
-        # Replaced on every change, so one set() wakes exactly the current waiters.
-        self._changed = asyncio.Event()
-
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    def snapshot(self) -> list[DeviceHealthReport]:
-        return list(self._reports.values())
-
-    async def changed(self, since: int) -> None:
-        while self._generation <= since:
-            await self._changed.wait()
-
-    def put(self, report: DeviceHealthReport) -> None:
-        """Add or replace one device's report."""
-        key = (report.pool_name, report.device_name)
-        if self._reports.get(key) != report:
-            self._reports[key] = report
-            self._bump()
-
-    def replace(self, reports: Iterable[DeviceHealthReport]) -> None:
-        """Set the complete list (devices not in it are no longer reported)."""
-        new = {(r.pool_name, r.device_name): r for r in reports}
-        if new != self._reports:
-            self._reports = new
-            self._bump()
-
-    def _bump(self) -> None:
-        self._generation += 1
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
 
 
 class HealthServicer:

@@ -18,12 +18,27 @@ DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 V1_SERVICE: Final = "v1.DRAPlugin"
 V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
 HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
+#: The DRA versions we serve, in the order we advertise them (``_proto.DRA_CODECS`` has one
+#: codec for each, in this order).
+DRA_VERSIONS: Final = (V1_SERVICE, V1BETA1_SERVICE)
 
 #: The kubelet cancels every Prepare/Unprepare call after this many seconds (reference §2.4).
 KUBELET_CALL_TIMEOUT: Final = 45.0
 #: Our own budget stays below it so that the kubelet gets per-claim errors it can show in
 #: pod events instead of an opaque DEADLINE_EXCEEDED.
 DEFAULT_BUDGET: Final = 40.0
+#: How often the health stream resends the full list: comfortably below the kubelet's 30 s
+#: default health timeout.
+DEFAULT_RESEND_INTERVAL: Final = 10.0
+
+
+def validate_budget(budget: float) -> float:
+    if not 0 < budget < KUBELET_CALL_TIMEOUT:
+        raise ValueError(
+            f"budget must be between 0 and the kubelet's {KUBELET_CALL_TIMEOUT:g}s call "
+            f"timeout (exclusive), got {budget!r}"
+        )
+    return budget
 
 
 class KubeletAPIError(Exception):

@@ -8,7 +8,6 @@ the answer is precomputed and the handler never waits on anything.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -19,31 +18,9 @@ from ._proto import (
     registration_status_response,
 )
 from .model import PluginInfo
+from .state import RegistrationState
 
 log = logging.getLogger(__name__)
-
-
-class RegistrationState:
-    """What the kubelet last told us; the readiness probe reads it."""
-
-    def __init__(self) -> None:
-        #: Set while the kubelet considers us registered.
-        self.registered = asyncio.Event()
-        #: The kubelet's error from the last failed registration ("" after a success).
-        self.last_error = ""
-        self.info_requests = 0
-        self.notifications = 0
-
-    def record(self, registered: bool, error: str) -> None:
-        self.notifications += 1
-        if registered:
-            self.last_error = ""
-            self.registered.set()
-        else:
-            # Usually a configuration problem on our side (driver name, endpoint path not
-            # valid on the host, no DRA version the kubelet supports): say so loudly.
-            self.last_error = error or "the kubelet rejected the plugin without a reason"
-            self.registered.clear()
 
 
 class RegistrationServicer:

@@ -11,6 +11,9 @@ With a pod UID both socket names are unique per plugin pod, so during a rolling 
 new pod starts beside the old one and neither touches the other's sockets. Without one the
 names are fixed, and a live socket at our path means another instance is running: we
 refuse instead of unlinking it (which would silently de-register that instance).
+
+This module does not import the gRPC stack: ``start`` does (``wiring``), or
+:func:`load_grpc_stack` beforehand, so that a plugin can publish before paying for it.
 """
 
 from __future__ import annotations
@@ -23,30 +26,35 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
-import grpc.aio
-
-from ._proto import DRA_CODECS, GrpcHealth, add_health_servicer, add_registration_servicer
-from .dra import DraServicer, validate_budget
-from .health import DEFAULT_RESEND_INTERVAL, HealthServicer
 from .model import (
     DEFAULT_BUDGET,
+    DEFAULT_RESEND_INTERVAL,
     DRA_PLUGIN_TYPE,
+    DRA_VERSIONS,
     HEALTH_SERVICE,
     DriverBackend,
     HealthSource,
     PluginInfo,
     ServerStateError,
     SocketPathError,
+    validate_budget,
 )
-from .registration import RegistrationServicer, RegistrationState
+from .state import RegistrationState
+
+if TYPE_CHECKING:
+    from ._proto import GrpcHealth
 
 log = logging.getLogger(__name__)
 
 #: ``sun_path`` is 108 bytes on Linux including the terminating NUL.
 MAX_SOCKET_PATH = 107
+
+
+def load_grpc_stack() -> None:
+    """Import ``grpc``, protobuf and the generated code now (safe in a worker thread)."""
+    from . import wiring  # noqa: F401
 
 
 def socket_paths(
@@ -116,9 +124,8 @@ class PluginServer:
 
     @property
     def supported_versions(self) -> tuple[str, ...]:
-        versions = tuple(codec.registration_name for codec in DRA_CODECS)
         # Only advertise what we serve (reference §11.2).
-        return versions + ((HEALTH_SERVICE,) if self._health_source is not None else ())
+        return DRA_VERSIONS + ((HEALTH_SERVICE,) if self._health_source is not None else ())
 
     @property
     def plugin_info(self) -> PluginInfo:
@@ -157,30 +164,20 @@ class PluginServer:
             await _clear_stale_socket(self.dra_socket)
             await _clear_stale_socket(self.registration_socket)
 
-            self._dra_server = grpc.aio.server()
-            for codec in DRA_CODECS:
-                servicer = DraServicer(codec, self._backend, budget=self._budget)
-                codec.add_servicer(servicer, self._dra_server)
-            self._grpc_health = GrpcHealth()
-            self._grpc_health.add_to(self._dra_server)
-            if self._health_source is not None:
-                add_health_servicer(
-                    HealthServicer(
-                        self._health_source,
-                        self._stopping,
-                        resend_interval=self._resend_interval,
-                    ),
-                    self._dra_server,
-                )
+            from . import wiring  # the gRPC stack, at the latest now (see load_grpc_stack)
+
+            self._dra_server, self._grpc_health = wiring.dra_server(
+                self._backend,
+                budget=self._budget,
+                health_source=self._health_source,
+                stopping=self._stopping,
+                resend_interval=self._resend_interval,
+            )
             await self._serve(self._dra_server, self.dra_socket)
-            services = ["", *(codec.service_name for codec in DRA_CODECS)]
-            await self._grpc_health.set_serving(services)
+            await self._grpc_health.set_serving(wiring.serving_service_names())
 
             # Only now may the kubelet find us.
-            self._reg_server = grpc.aio.server()
-            add_registration_servicer(
-                RegistrationServicer(self.plugin_info, self.registration), self._reg_server
-            )
+            self._reg_server = wiring.registration_server(self.plugin_info, self.registration)
             await self._serve(self._reg_server, self.registration_socket)
         except BaseException:
             await self._shutdown(grace=None)
