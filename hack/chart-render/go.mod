@@ -1,0 +1,3 @@
+module neuron-dra/hack/chart-render
+
+go 1.24
