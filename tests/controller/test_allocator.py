@@ -698,17 +698,31 @@ def test_server_cache_matches_servers_from_as_objects_change() -> None:
     a = nus("a", ["a0", "a1", "a2", "a3"], [])
     b = nus("b", ["b0", "b1", "b2", "b3"], [])
     health = {n: True for n in ("a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3")}
-    cache = ServerCache()
-    first = cache.servers([a, b], node_health=health, health_version=1)
-    assert first == servers_from([a, b], node_health=health)
-    # An allocation recorded on b (a new object), one naming a node of a (inconsistent record):
+    cache = ServerCache(lambda n: health.get(n, False))
+    cache.put("a", a)
+    cache.put("b", b)
+    first = cache.changes()
+    assert [name for name, _ in first] == ["a", "b"]
+    assert cache.servers() == servers_from([a, b], node_health=health)
+    # An allocation recorded on b (a new object), one naming a node of a (inconsistent
+    # record): a's state changes too, though its object did not.
     b2 = nus("b", ["b0", "b1", "b2", "b3"], [{"workloadRef": "ns/w", "allocatedNodes": ["a1"]}])
-    second = cache.servers([a, b2], node_health=health, health_version=1)
+    cache.put("b", b2)
+    assert [name for name, _ in cache.changes()] == ["a"]  # b's own state is unchanged
+    second = cache.servers()
     assert second == servers_from([a, b2], node_health=health)
     assert second[0].nodes[1].reserved_by == "ns/w"
-    # Unchanged inputs keep the very same state object (and what was derived from it).
-    assert cache.servers([a, b2], node_health=health, health_version=1)[1] is second[1]
-    sick = {**health, "b3": False}
-    third = cache.servers([a, b2], node_health=sick, health_version=2)
-    assert third == servers_from([a, b2], node_health=sick)
+    # Nothing changed: no changes, and the very same state objects (what was derived stays).
+    cache.put("b", b2)
+    assert cache.changes() == []
+    assert cache.servers()[1] is second[1]
+    health["b3"] = False
+    cache.node_changed("b3")
+    assert [name for name, _ in cache.changes()] == ["b"]
+    third = cache.servers()
+    assert third == servers_from([a, b2], node_health=health)
     assert not third[1].nodes[3].healthy
+    assert third[0] is second[0]
+    cache.put("b", None)
+    assert cache.changes() == [("a", cache.servers()[0]), ("b", None)]
+    assert cache.servers() == servers_from([a], node_health=health)

@@ -32,7 +32,8 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -75,7 +76,9 @@ from neuron_dra.common.ultraserver import workload_id, workload_ref
 from neuron_dra.controller import allocator
 from neuron_dra.controller.allocator import Decision, Unit
 from neuron_dra.controller.context import ControllerContext
+from neuron_dra.controller.storechanges import StoreChanges
 from neuron_dra.controller.templates import claim_template_for, template_matches
+from neuron_dra.controller.unitindex import UnitIndex
 from prometheus_client import CollectorRegistry, Histogram
 
 log = logging.getLogger(__name__)
@@ -475,20 +478,45 @@ class Verdict:
     message: str = ""
 
 
+def nus_instance_type(nus: Mapping[str, Any]) -> str:
+    """The instance type a NeuronUltraServer counts as discovered under."""
+    return str(_spec(nus).get("instanceType"))
+
+
 class Validator:
     """Checks specs against the discovered hardware (what the CRD schema cannot know);
-    per-type facts are computed once per instance, i.e. once per reconcile."""
+    per-type facts are computed once per instance, i.e. once per reconcile.
 
-    def __init__(self, nus_objects: Sequence[Mapping[str, Any]], slices_of: SlicesOf) -> None:
+    ``nus_objects`` may be a function returning them: they are read only for an instance
+    type we have no profile of. ``types`` (the ``nus_instance_type`` of every object), when
+    the caller already knows them, saves a pass over all objects.
+    """
+
+    def __init__(
+        self,
+        nus_objects: Sequence[Mapping[str, Any]] | Callable[[], Sequence[Mapping[str, Any]]],
+        slices_of: SlicesOf,
+        *,
+        types: Iterable[str] | None = None,
+    ) -> None:
         self._nus = nus_objects
         self._slices_of = slices_of
-        self._types = sorted({str(_spec(n).get("instanceType")) for n in nus_objects})
+        if types is None:
+            types = (nus_instance_type(n) for n in self._objects())
+        self._types = sorted(set(types))
         self._sizes: dict[str, set[int] | None] = {}
+
+    def _objects(self) -> Sequence[Mapping[str, Any]]:
+        return self._nus() if callable(self._nus) else self._nus
 
     def sizes(self, instance_type: str) -> set[int] | None:
         if instance_type not in self._sizes:
+            profile = PROFILES.get(instance_type)
+            known = profile is not None and profile.ultraserver_node_counts
+            # A profiled type never reads the objects: skip listing them.
+            objects = () if known else self._objects()
             self._sizes[instance_type] = supported_sizes(
-                instance_type, self._nus, self._slices_of
+                instance_type, objects, self._slices_of
             )
         return self._sizes[instance_type]
 
@@ -580,27 +608,8 @@ class _Overlay:
                 out.append(obj)
         return out
 
-
-class _NodeHealth(Mapping[str, bool]):
-    """``node name → healthy`` for ``allocator.servers_from``, computed on first use per node
-    and remembered by the reconciler until a Node or ResourceSlice changes (a decision asks
-    about every node of the cluster; most of them did not change since the last one)."""
-
-    def __init__(self, reconciler: WorkloadReconciler, names: Iterable[str] | None) -> None:
-        self._reconciler = reconciler
-        self._names = names
-
-    def __getitem__(self, name: str) -> bool:
-        return self._reconciler._node_problem(name) is None
-
-    def get(self, name: str, default: Any = None) -> Any:  # no KeyError round trip
-        return self._reconciler._node_problem(name) is None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names or ())
-
-    def __len__(self) -> int:
-        return len(list(self._names or ()))
+    def keys(self) -> set[str]:
+        return set(self.objects)
 
 
 class WorkloadReconciler:
@@ -637,10 +646,22 @@ class WorkloadReconciler:
             ctx.slices.add_index(SLICES_BY_NODE, _slice_node)
         if NUS_BY_WORKLOAD not in ctx.ultraservers.index_names():
             ctx.ultraservers.add_index(NUS_BY_WORKLOAD, _allocation_refs)
-        #: node name → node_problem(); valid while ``_problems_of`` matches the caches.
+        #: node name → node_problem(), forgotten for a node when its Node or slices change.
         self._problems: dict[str, str | None] = {}
-        self._problems_of: tuple[object, int, object, int] | None = None
-        self._servers = allocator.ServerCache()
+        self._node_changes = StoreChanges(ctx.nodes)
+        self._slice_changes = StoreChanges(ctx.slices, _slice_node_name)
+        # The fleet as the allocator sees it, kept between decisions and brought up to date
+        # from what changed (``_sync_fleet``), so a decision does not re-derive 2,500
+        # UltraServers: NUS objects → states (``_servers``) → free units (``_units``).
+        self._nus_changes = StoreChanges(ctx.ultraservers)
+        self._servers = allocator.ServerCache(lambda n: self._problem_of(n) is None)
+        self._units = UnitIndex()
+        #: NUS key → ``nus_instance_type`` (the Validator's "discovered types"), and counts.
+        self._nus_types: dict[str, str] = {}
+        self._type_counts: Counter[str] = Counter()
+        #: NUS keys our overlay covered at the last sync (its view of them may change
+        #: without any cache event).
+        self._overlaid: set[str] = set()
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -680,17 +701,19 @@ class WorkloadReconciler:
             s.has_synced() for s in (ctx.slices, ctx.nodes, ctx.ultraservers, ctx.workloads)
         )
 
-    def _health_version(self) -> tuple[object, int, object, int]:
-        """Changes whenever any node's ``node_problem`` may have (a Node or slice changed)."""
-        nodes, slices = self.ctx.nodes, self.ctx.slices
-        return (nodes, nodes.mutations, slices, slices.mutations)
+    def _refresh_health(self) -> None:
+        """Forget what was remembered about nodes whose Node or slices changed."""
+        for node in self._node_changes.drain() | self._slice_changes.drain():
+            self._problems.pop(node, None)
+            self._servers.node_changed(node)
 
     def _node_problem(self, name: str) -> str | None:
-        """``node_problem`` of ``name``, remembered until a Node or ResourceSlice changes."""
-        state = self._health_version()
-        if self._problems_of != state:
-            self._problems.clear()
-            self._problems_of = state
+        """``node_problem`` of ``name``, remembered until its Node or ResourceSlices change."""
+        self._refresh_health()
+        return self._problem_of(name)
+
+    def _problem_of(self, name: str) -> str | None:
+        # Without a refresh: for use while the fleet is synced (refreshed once up front).
         try:
             return self._problems[name]
         except KeyError:
@@ -706,19 +729,46 @@ class WorkloadReconciler:
                 out[name] = problem
         return out
 
-    def _node_health(self, nus_objects: Sequence[Mapping[str, Any]]) -> Mapping[str, bool]:
-        """Health of the members of ``nus_objects`` (evaluated as ``servers_from`` asks)."""
-        return _NodeHealth(self, (n for nus in nus_objects for n in nus_members(nus)))
+    def _sync_fleet(self) -> UnitIndex:
+        """Bring the fleet's free-unit index up to date with the caches and our overlay:
+        only the NeuronUltraServers and nodes that changed since the last sync are looked at.
+        """
+        self._refresh_health()
+        store = self.ctx.ultraservers
+        overlay = self._nus_overlay
+        for key in self._nus_changes.drain() | self._overlaid | overlay.keys():
+            nus = overlay.view(store, key)
+            self._servers.put(key, nus)
+            before = self._nus_types.pop(key, None)
+            if before is not None:
+                self._type_counts[before] -= 1
+                if not self._type_counts[before]:
+                    del self._type_counts[before]
+            if nus is not None:
+                self._nus_types[key] = itype = nus_instance_type(nus)
+                self._type_counts[itype] += 1
+        self._overlaid = overlay.keys()
+        for name, state in self._servers.changes():
+            if state is None:
+                self._units.remove(name)
+            else:
+                self._units.set(state)
+        return self._units
+
+    def _nus_holding(self, ref: str) -> list[JsonDict]:
+        """The NeuronUltraServers (as we last wrote or cached them) that may record ``ref``:
+        those the index names plus our overlay; a superset, ``holdings`` filters."""
+        store = self.ctx.ultraservers
+        overlay = self._nus_overlay
+        keys = set(store.index_keys(NUS_BY_WORKLOAD, ref)) | overlay.keys()
+        return [nus for key in sorted(keys) if (nus := overlay.view(store, key)) is not None]
+
+    def _nus_named(self, name: str) -> JsonDict | None:
+        return self._nus_overlay.view(self.ctx.ultraservers, f"{self.ctx.namespace}/{name}")
 
     def _holds_entries(self, ref: str) -> bool:
         """Whether any NeuronUltraServer (as we last wrote or cached it) records ``ref``."""
-        store = self.ctx.ultraservers
-        keys = set(store.index_keys(NUS_BY_WORKLOAD, ref)) | set(self._nus_overlay.objects)
-        for key in keys:
-            nus = self._nus_overlay.view(store, key)
-            if nus is not None and ref in _allocation_refs(nus):
-                return True
-        return False
+        return any(ref in _allocation_refs(nus) for nus in self._nus_holding(ref))
 
     # --- helpers for the manager -------------------------------------------------------------
 
@@ -772,7 +822,7 @@ class WorkloadReconciler:
             return ReconcileResult(None)
         wid = workload_id(name, str(_meta(obj).get("uid") or ""))
         count = int(_spec(obj).get("serverCount") or 0)
-        held, surplus = split_holdings(holdings(self._ultraservers(), key), wid, count)
+        held, surplus = split_holdings(holdings(self._nus_holding(key), key), wid, count)
         try:
             if _meta(obj).get("deletionTimestamp"):
                 return await self._deallocate(obj, wid, [*held, *surplus])
@@ -780,7 +830,7 @@ class WorkloadReconciler:
             if surplus:
                 # A previous incarnation's entries or a damaged record: ours to drop at once.
                 await self._remove_entries(surplus)
-                held, _ = split_holdings(holdings(self._ultraservers(), key), wid, count)
+                held, _ = split_holdings(holdings(self._nus_holding(key), key), wid, count)
             if not has_finalizer(obj, FINALIZER_WORKLOAD):
                 obj = await ensure_finalizer(
                     self.ctx.kube.resource(NEURON_ULTRASERVER_WORKLOADS),
@@ -799,43 +849,30 @@ class WorkloadReconciler:
 
     # --- allocation ----------------------------------------------------------------------
 
-    def _decide(
-        self, obj: JsonDict, nus_objects: Sequence[JsonDict], validate: Validator
-    ) -> Decision:
-        servers = self._servers.servers(
-            nus_objects,
-            node_health=self._node_health(nus_objects),
-            health_version=self._health_version(),
-        )
+    def _decide(self, obj: JsonDict, units: UnitIndex, validate: Validator) -> Decision:
         key = object_key(obj)
-        held_refs = {
-            str(e.get("workloadRef"))
-            for nus in nus_objects
-            for e in _status(nus).get("allocations") or []
-            if isinstance(e, Mapping)
-        }
         # Every other workload that holds nothing yet takes part, so the FIFO order holds
         # across workloads; one whose spec cannot fit the hardware must not queue others.
         requests = [
             allocator.request_from(w)
             for w in self._workloads()
-            if object_key(w) != key
-            and object_key(w) not in held_refs
+            if (ref := object_key(w)) != key
             and not _meta(w).get("deletionTimestamp")
+            and not self._holds_entries(ref)
             and validate(w).state != FAILED
         ]
         requests.append(allocator.request_from(obj))
-        for decision in allocator.plan(servers, requests):
+        for decision in allocator.plan_on(units, requests):
             if decision.workload_ref == key:
                 return decision
         raise AssertionError(f"plan returned no decision for {key}")
 
     async def _allocate(self, obj: JsonDict, wid: str) -> ReconcileResult:
         started = time.perf_counter()
-        nus_objects = self._ultraservers()
-        validate = Validator(nus_objects, self._slices_of)
+        units = self._sync_fleet()
+        validate = Validator(self._ultraservers, self._slices_of, types=self._type_counts)
         verdict = validate(obj)
-        decision = self._decide(obj, nus_objects, validate) if verdict.ok else None
+        decision = self._decide(obj, units, validate) if verdict.ok else None
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         if not verdict.ok:
             await self._set_status(
@@ -986,10 +1023,9 @@ class WorkloadReconciler:
         """The workload holds entries: complete an interrupted allocation, or watch over a
         running one (failure strategies)."""
         count = int(_spec(obj).get("serverCount") or 0)
-        nus_by_name = {str(_meta(n).get("name")): n for n in self._ultraservers()}
         problems: dict[str, str] = self._node_problems({n for h in held for n in h.nodes})
         for h in held:
-            members = nus_members(nus_by_name.get(h.ultraserver, {}))
+            members = nus_members(self._nus_named(h.ultraserver) or {})
             for n in h.nodes:
                 if n not in members:
                     problems.setdefault(n, f"no longer a member of UltraServer {h.ultraserver}")
@@ -1020,10 +1056,9 @@ class WorkloadReconciler:
         return await self._on_failure(obj, wid, held, failed, missing, problems)
 
     def _complete(self, obj: JsonDict, held: list[Held]) -> tuple[Unit, ...] | None:
-        nus_objects = self._ultraservers()
-        servers = allocator.servers_from(nus_objects, node_health=self._node_health(nus_objects))
-        return allocator.plan_replacement(
-            servers, allocator.request_from(obj), keep=[h.unit for h in held], failed=[]
+        return allocator.plan_replacement_on(
+            self._sync_fleet(), allocator.request_from(obj), keep=[h.unit for h in held],
+            failed=[],
         )
 
     async def _on_failure(
@@ -1067,12 +1102,8 @@ class WorkloadReconciler:
 
         if strategy == REPLACE_AFFECTED:
             keep = [h for h in held if h not in failed]
-            nus_objects = self._ultraservers()
-            servers = allocator.servers_from(
-                nus_objects, node_health=self._node_health(nus_objects)
-            )
-            units = allocator.plan_replacement(
-                servers, allocator.request_from(obj), keep=[h.unit for h in keep],
+            units = allocator.plan_replacement_on(
+                self._sync_fleet(), allocator.request_from(obj), keep=[h.unit for h in keep],
                 failed=[h.unit for h in failed],
             )
             if units is not None:
@@ -1200,10 +1231,9 @@ class WorkloadReconciler:
             nus["status"] = nus_status_with(nus, allocations)
             return nus
 
-        names = {u.ultraserver for u in units}
-        for nus in self._ultraservers():
-            name = str(_meta(nus).get("name"))
-            if name in names and mutate(copy.deepcopy(nus)) is not None:
+        for name in sorted({u.ultraserver for u in units}):
+            nus = self._nus_named(name)
+            if nus is not None and mutate(copy.deepcopy(nus)) is not None:
                 await self._write_nus(name, mutate, missing_ok=True)
 
     # --- release -------------------------------------------------------------------------
@@ -1317,7 +1347,7 @@ class WorkloadReconciler:
         hand, or it was deleted while no controller ran). The cache may simply not have seen
         a new workload yet, so absence is confirmed with a GET before anything is freed."""
         key = workload_ref(namespace, name)
-        entries = holdings(self._ultraservers(), key)
+        entries = holdings(self._nus_holding(key), key)
         if not entries:
             return
         try:
@@ -1513,6 +1543,11 @@ def _allocation_refs(nus: Mapping[str, Any]) -> list[str]:
 def _slice_node(obj: JsonDict) -> list[str]:
     node = _spec(obj).get("nodeName")
     return [str(node)] if node else []
+
+
+def _slice_node_name(obj: Mapping[str, Any]) -> str | None:
+    node = _spec(obj).get("nodeName")
+    return str(node) if node else None
 
 
 __all__ = [
