@@ -431,6 +431,75 @@ def builtin_types() -> list[ResourceType]:
             model="V1DeviceClass",
             printer_columns=(AGE,),
         ),
+        # What the Helm chart installs (tests/chart applies every rendered object). The
+        # workload kinds and policies clear a client's .status on create as their strategies'
+        # PrepareForCreate does; nothing here runs them (no pods, no admission).
+        ResourceType(
+            "", "v1", "services", "Service", True, model="V1Service",
+            short_names=("svc",), categories=("all",), subresources=st,
+            printer_columns=(_col("Type", ".spec.type"), _col("Cluster-IP", ".spec.clusterIP"),
+                             AGE),
+            status_on_create=lambda: {"loadBalancer": {}},
+        ),
+        ResourceType(
+            "apps", "v1", "daemonsets", "DaemonSet", True, model="V1DaemonSet",
+            short_names=("ds",), categories=("all",), subresources=st,
+            printer_columns=(
+                _col("Desired", ".status.desiredNumberScheduled", "integer"),
+                _col("Ready", ".status.numberReady", "integer"),
+                AGE,
+            ),
+            status_on_create="drop",
+        ),
+        ResourceType(
+            "apps", "v1", "deployments", "Deployment", True, model="V1Deployment",
+            short_names=("deploy",), categories=("all",), subresources=st,
+            printer_columns=(
+                _col("Ready", ".status.readyReplicas", "integer"),
+                _col("Up-to-date", ".status.updatedReplicas", "integer"),
+                AGE,
+            ),
+            status_on_create="drop",
+        ),
+        ResourceType(
+            "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
+            model="V1PodDisruptionBudget", short_names=("pdb",), subresources=st,
+            printer_columns=(
+                _col("Min Available", ".spec.minAvailable"),
+                _col("Allowed Disruptions", ".status.disruptionsAllowed", "integer"),
+                AGE,
+            ),
+            status_on_create="drop",
+        ),
+        ResourceType(
+            "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False,
+            model="V1ClusterRole", printer_columns=(AGE,),
+        ),
+        ResourceType(
+            "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+            False, model="V1ClusterRoleBinding",
+            printer_columns=(_col("Role", ".roleRef.name"), AGE),
+        ),
+        ResourceType(
+            "rbac.authorization.k8s.io", "v1", "roles", "Role", True, model="V1Role",
+            printer_columns=(AGE,),
+        ),
+        ResourceType(
+            "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True,
+            model="V1RoleBinding", printer_columns=(_col("Role", ".roleRef.name"), AGE),
+        ),
+        ResourceType(
+            "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicy", False, model="V1ValidatingAdmissionPolicy",
+            categories=("api-extensions",), subresources=st, status_on_create="drop",
+            printer_columns=(AGE,),
+        ),
+        ResourceType(
+            "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBinding", False,
+            model="V1ValidatingAdmissionPolicyBinding", categories=("api-extensions",),
+            printer_columns=(_col("Policy", ".spec.policyName"), AGE),
+        ),
         ResourceType(
             "apiextensions.k8s.io", "v1", "customresourcedefinitions",
             "CustomResourceDefinition", False,

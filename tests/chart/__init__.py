@@ -1,0 +1,1 @@
+"""Chart checks (no helm needed)."""

@@ -1,0 +1,123 @@
+"""Every Kubernetes API call the two components make, by component: the RBAC the chart must
+grant, no more (least privilege) and no less. Kept next to the chart checks; each entry says
+which code needs it. test_chart.py checks
+
+- the rendered ClusterRoles/Roles grant exactly these (verbs, resources, scope);
+- the API resources the components' code references are exactly the ones listed here, so a
+  new resource in the code fails the check until it is added here and to the chart;
+- (audit) the requests the plugin and the controller really send to the fake API server in a
+  short run are all listed here.
+
+``scope``: "cluster" is granted by the ClusterRole; "namespace" by a Role in the release
+namespace (objects that live only there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Use:
+    group: str
+    resource: str  # plural, "plural/subresource" for a subresource
+    verbs: frozenset[str]
+    scope: str  # "cluster" | "namespace"
+    why: str
+    resource_names: frozenset[str] = frozenset()
+
+
+def _use(group: str, resource: str, verbs: str, scope: str, why: str, names: str = "") -> Use:
+    return Use(group, resource, frozenset(verbs.split()), scope, why, frozenset(names.split()))
+
+
+KUBELET_PLUGIN: tuple[Use, ...] = (
+    _use(
+        "resource.k8s.io",
+        "resourceslices",
+        "get list watch create update delete",
+        "cluster",
+        "publisher.py: own slices watched, written, re-read after a conflict",
+    ),
+    _use(
+        "",
+        "nodes",
+        "get list watch patch",
+        "cluster",
+        "publisher.py: own Node watched, labels merge-patched; plugin/preparer/reservations get",
+    ),
+    _use("resource.k8s.io", "resourceclaims", "get", "cluster", "preparer.py: claim to prepare"),
+    _use("events.k8s.io", "events", "create", "cluster", "events.py via preparer.py"),
+    _use(
+        "neuron.aws.com",
+        "neuronultraservers",
+        "list watch",
+        "namespace",
+        "reservations.py: allocations naming this node",
+    ),
+)
+
+CONTROLLER: tuple[Use, ...] = (
+    _use("resource.k8s.io", "resourceslices", "list watch", "cluster", "manager.py reflector"),
+    _use("", "nodes", "list watch", "cluster", "manager.py reflector"),
+    _use(
+        "neuron.aws.com",
+        "neuronultraserverworkloads",
+        "get list watch update",
+        "cluster",
+        "manager.py reflector; workloads.py finalizer updates, orphan check",
+    ),
+    _use(
+        "neuron.aws.com",
+        "neuronultraserverworkloads/status",
+        "update",
+        "cluster",
+        "workloads.py status",
+    ),
+    _use(
+        "neuron.aws.com",
+        "neuronultraserverworkloads/finalizers",
+        "update",
+        "cluster",
+        "templates.py: blockOwnerDeletion on the RCT's owner reference",
+    ),
+    _use(
+        "resource.k8s.io",
+        "resourceclaimtemplates",
+        "get list watch create patch delete",
+        "cluster",
+        "manager.py reflector; workloads.py generated templates",
+    ),
+    _use("resource.k8s.io", "resourceclaims", "list delete", "cluster", "workloads.py"),
+    _use("", "pods", "delete", "cluster", "workloads.py: pods of deleted claims"),
+    _use("events.k8s.io", "events", "create", "cluster", "events.py"),
+    _use("coordination.k8s.io", "leases", "create", "namespace", "leaderelection.py"),
+    _use(
+        "coordination.k8s.io",
+        "leases",
+        "get update",
+        "namespace",
+        "leaderelection.py",
+        names="neuron-dra-controller",
+    ),
+    _use(
+        "neuron.aws.com",
+        "neuronultraservers",
+        "get list watch create update delete",
+        "namespace",
+        "discovery.py",
+    ),
+    _use(
+        "neuron.aws.com",
+        "neuronultraservers/status",
+        "update",
+        "namespace",
+        "discovery.py + workloads.py",
+    ),
+)
+
+#: Component name (the chart's app.kubernetes.io/component) -> (code packages, uses).
+COMPONENTS: dict[str, tuple[tuple[str, ...], tuple[Use, ...]]] = {
+    "kubelet-plugin": (("nodeplugin/neuron_dra/nodeplugin",), KUBELET_PLUGIN),
+    "controller": (("controller/neuron_dra/controller",), CONTROLLER),
+}

@@ -1,0 +1,761 @@
+"""The Helm chart, checked without helm.
+
+Every documented value set is rendered with Go's own text/template (hack/chart-render), each
+object is validated against the Kubernetes 1.34 schemas (kubernetes-validate, strict), the
+objects the chart promises are checked for their invariants (seamless plugin upgrades, the
+downward API, mounts, probes, least-privilege RBAC matching the code, the admission policies'
+CEL), and everything (CRDs included) is applied to the fake API server. Invalid values must
+fail with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import chartrender
+import kubernetes_validate
+import pytest
+import yaml
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
+from chartrender import ChartRenderer, Overrides, Release
+from neuron_dra.common import deviceclasses
+from neuron_dra.common.k8s import client as k8s
+from neuron_dra.common.k8s.client import ApiResource, KubeClient
+from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.controller import main as controller_main
+from neuron_dra.nodeplugin import main as plugin_main
+
+from .api_usage import COMPONENTS, Use
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "neuron-dra-driver"
+KUBE_SCHEMA_VERSION = "1.34"
+PLUGIN_SA = "system:serviceaccount:neuron-dra-driver:neuron-dra-driver-kubelet-plugin"
+CONTROLLER_SA = "system:serviceaccount:neuron-dra-driver:neuron-dra-driver-controller"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "CustomResourceDefinition",
+}
+
+#: The documented value sets: (overrides, release). Each must render, validate and apply.
+VALUE_SETS: dict[str, tuple[Overrides, Release]] = {
+    "default": (Overrides(), Release()),
+    "emulation": (
+        Overrides.of(
+            "kubeletPlugin.emulation.enabled=true",
+            "kubeletPlugin.emulation.instanceType=trn2u.48xlarge",
+            values={"kubeletPlugin.nodeSelector": {"neuron-dra/emulate": "true"}},
+        ),
+        Release(),
+    ),
+    "no-controller": (Overrides.of("controller.enabled=false"), Release()),
+    "custom-namespace-image": (
+        Overrides.of(
+            "namespace.create=true",
+            "image.repository=registry.example.com/ml/neuron-dra",
+            "image.tag=1.2.3",
+            "image.pullPolicy=Always",
+            "controller.replicas=3",
+            "logging.format=json",
+            "logging.verbosity=4",
+            values={"imagePullSecrets": [{"name": "regcred"}]},
+        ),
+        Release(name="neuron", namespace="neuron-system"),
+    ),
+    "single-controller": (
+        Overrides.of(
+            "controller.replicas=1",
+            "controller.leaderElection.enabled=false",
+            "admissionPolicy.validationActions={Warn,Audit}",
+        ),
+        Release(),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(renderer: ChartRenderer) -> dict[str, list[dict[str, Any]]]:
+    return {name: renderer.render(*VALUE_SETS[name]) for name in VALUE_SETS}
+
+
+def one(objects: list[dict[str, Any]], kind: str, name_part: str = "") -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name_part in o["metadata"]["name"]]
+    assert len(found) == 1, (
+        f"expected one {kind} *{name_part}*, got {[o['metadata'] for o in found]}"
+    )
+    return found[0]
+
+
+def kinds(objects: list[dict[str, Any]]) -> list[str]:
+    return sorted(o["kind"] for o in objects)
+
+
+def container(obj: dict[str, Any]) -> dict[str, Any]:
+    (c,) = obj["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+# --- rendering and schemas -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_object_is_valid_kubernetes_134(
+    rendered: dict[str, list[dict[str, Any]]], renderer: ChartRenderer, value_set: str
+) -> None:
+    objects = rendered[value_set]
+    assert objects
+    for obj in [*renderer.crds(), *objects]:
+        where = f"{obj['kind']} {obj['metadata'].get('name')}"
+        try:
+            kubernetes_validate.validate(obj, KUBE_SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{value_set}: {where}: {exc.message} at {list(exc.path)}")
+        release = VALUE_SETS[value_set][1]
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"], where
+        else:
+            assert obj["metadata"]["namespace"] == release.namespace, where
+        if obj["kind"] != "CustomResourceDefinition":
+            assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == release.name, where
+
+
+def test_kubernetes_validate_ships_the_schemas_we_check_against() -> None:
+    from kubernetes_validate.utils import all_versions
+
+    assert any(v.startswith(KUBE_SCHEMA_VERSION + ".") for v in all_versions())
+    bad = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "x"},
+        "spec": {"selector": {}, "template": {}, "bogus": 1},
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBE_SCHEMA_VERSION, strict=True)
+
+
+def test_default_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert kinds(rendered["default"]) == sorted(
+        ["ClusterRole"] * 2
+        + ["ClusterRoleBinding"] * 2
+        + ["Role"] * 2
+        + ["RoleBinding"] * 2
+        + ["ServiceAccount"] * 2
+        + ["DeviceClass"] * 2
+        + ["ValidatingAdmissionPolicy"] * 2
+        + ["ValidatingAdmissionPolicyBinding"] * 2
+        + ["DaemonSet", "Deployment", "Service", "PodDisruptionBudget"]
+    )
+
+
+def test_device_classes_are_the_codes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    got = [
+        {k: v for k, v in o.items() if k != "metadata"}
+        | {"metadata": {"name": o["metadata"]["name"]}}
+        for o in rendered["default"]
+        if o["kind"] == "DeviceClass"
+    ]
+    assert got == deviceclasses.default_device_classes()
+
+
+def test_values_are_schema_valid_and_match_the_profiles(renderer: ChartRenderer) -> None:
+    values = renderer.values()
+    assert values["kubeletPlugin"]["instanceTypes"] == list(PROFILES)
+    schema = chartrender.json.loads((CHART / "values.schema.json").read_text())
+    emulation = schema["properties"]["kubeletPlugin"]["properties"]["emulation"]
+    assert emulation["properties"]["instanceType"]["enum"] == ["", *PROFILES]
+
+
+def _declared_leaves(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Paths of the values the schema declares that are not sections of other values."""
+    out = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = (*prefix, key)
+        if "properties" in sub and key != "resources":  # resources: a Kubernetes object
+            out |= _declared_leaves(sub, path)
+        else:
+            out.add(path)
+    return out
+
+
+def _key_paths(lines: list[str]) -> Iterator[tuple[int, int, tuple[str, ...]]]:
+    """(line index, indent, dotted path) of every mapping key in a block-style YAML file."""
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^( *)([A-Za-z][\w.-]*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m.group(2)))
+        yield i, indent, tuple(k for _, k in stack)
+
+
+def test_every_value_is_documented() -> None:
+    """Each value in values.yaml has a comment above it, alone or heading a group of sibling
+    one-line values."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    schema = chartrender.json.loads((CHART / "values.schema.json").read_text())
+    leaves = _declared_leaves(schema)
+    seen, undocumented = set(), []
+    for i, indent, path in _key_paths(lines):
+        if path not in leaves:
+            continue
+        seen.add(path)
+        j = i - 1
+        while j >= 0:
+            prev = lines[j]
+            prev_indent = len(prev) - len(prev.lstrip())
+            if prev.strip().startswith("#") and prev_indent == indent:
+                break
+            if not (prev_indent == indent and re.match(r"^\s*[\w.-]+: \S", prev)):
+                undocumented.append(".".join(path))
+                break
+            j -= 1
+    assert not undocumented, f"values.yaml values without a comment: {undocumented}"
+    assert seen == leaves - {("global",)}, "every declared value is in values.yaml"
+
+
+# --- the kubelet plugin ----------------------------------------------------------------------
+
+
+def test_plugin_daemonset(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    ds = one(rendered["default"], "DaemonSet")
+    spec = ds["spec"]
+    assert spec["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = spec["template"]["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    # A host port or host network would collide with the surge pod on the same node.
+    assert not pod.get("hostNetwork")
+    c = container(ds)
+    assert all("hostPort" not in p for p in c["ports"])
+    env = env_of(c)
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["CDI_ROOT"] == "/var/run/cdi"
+    assert c["securityContext"]["privileged"] is False
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # Host paths at the same path inside: the kubelet and the runtime read what we report.
+    for path in (
+        "/var/lib/kubelet/plugins/neuron.aws.com",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/sys",
+        "/dev",
+        "/opt/aws",
+    ):
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+    assert mounts["/sys"]["readOnly"] and mounts["/dev"]["readOnly"]
+    assert all(m.get("mountPropagation") != "Bidirectional" for m in mounts.values())
+    assert not c["terminationMessagePath"].startswith("/dev/")
+    port = c["ports"][0]
+    assert port["name"] == "http" and port["containerPort"] == 8081
+    for probe, path in (
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ):
+        assert c[probe]["httpGet"] == {"path": path, "port": "http"}
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    exprs = {e["key"]: e for e in term["matchExpressions"]}
+    assert exprs["node.kubernetes.io/instance-type"]["values"] == list(PROFILES)
+    assert exprs["eks.amazonaws.com/compute-type"]["operator"] == "NotIn"
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in (
+        pod["tolerations"]
+    )
+    assert pod["priorityClassName"] == "system-node-critical"
+
+
+def test_plugin_emulation_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    ds = one(rendered["emulation"], "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = container(ds)
+    assert "--emulation-mode=trn2u.48xlarge" in c["args"]
+    assert "affinity" not in pod, "emulation runs on nodes without Neuron instance types"
+    assert pod["nodeSelector"] == {"neuron-dra/emulate": "true"}
+    paths = {m["mountPath"] for m in c["volumeMounts"]}
+    assert not paths & {"/sys", "/dev", "/opt/aws"}, "no host hardware mounts when emulating"
+    assert "/var/lib/kubelet/plugins/neuron.aws.com" in paths
+    default = container(one(rendered["default"], "DaemonSet"))
+    assert not any(a.startswith("--emulation-mode") for a in default["args"])
+
+
+def test_plugin_args_and_env_are_what_the_plugin_reads(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DaemonSet's flags parse with the plugin's own parser and its env vars land in the
+    plugin's config (so a renamed flag or env var fails here, not on a node)."""
+    c = container(one(rendered["emulation"], "DaemonSet"))
+    assert c["command"] == ["neuron-dra-kubelet-plugin"]
+    for name, value in env_of(c).items():
+        monkeypatch.setenv(name, value if isinstance(value, str) else f"from-{name.lower()}")
+    args = plugin_main.build_parser().parse_args(c["args"])
+    config = plugin_main.config_from_args(args)
+    assert config.node_name == "from-node_name"
+    assert config.pod_uid == "from-pod_uid"
+    assert str(config.cdi_root) == "/var/run/cdi"
+    assert str(config.registrar_dir) == "/var/lib/kubelet/plugins_registry"
+    assert str(config.data_dir) == "/var/lib/kubelet/plugins/neuron.aws.com"
+    assert config.emulation_mode == "trn2u.48xlarge"
+    assert config.http_port == 8081
+    assert args.verbosity == 2 and args.logging_format == "text"
+
+
+# --- the controller --------------------------------------------------------------------------
+
+
+def test_controller_deployment(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["default"]
+    deploy = one(objects, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    c = container(deploy)
+    assert c["command"] == ["neuron-dra-controller"]
+    args = controller_main.build_parser().parse_args(c["args"])
+    assert args.leader_elect and args.namespace == "neuron-dra-driver" and args.http_port == 8080
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "http"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (pref,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert "m5.24xlarge" in pref["preference"]["matchExpressions"][0]["values"]
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    svc = one(objects, "Service")
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    # The plugin's pods must not be selected by the controller's Service or budget.
+    plugin_labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert not svc["spec"]["selector"].items() <= plugin_labels.items()
+
+
+def test_single_controller_without_leader_election(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["single-controller"]
+    c = container(one(objects, "Deployment"))
+    assert "--leader-elect" not in c["args"]
+    assert "PodDisruptionBudget" not in kinds(objects), "a 1-replica budget blocks drains"
+    for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
+        assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
+
+
+def test_controller_disabled(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["no-controller"]
+    assert not [o for o in objects if "controller" in o["metadata"]["name"]]
+    assert "Deployment" not in kinds(objects) and "PodDisruptionBudget" not in kinds(objects)
+    assert one(objects, "DaemonSet") and len([o for o in objects if o["kind"] == "DeviceClass"])
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert policy["metadata"]["name"].endswith("-own-node")
+
+
+def test_custom_namespace_and_image(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["custom-namespace-image"]
+    ns = one(objects, "Namespace")
+    assert ns["metadata"]["name"] == "neuron-system"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    for workload in (one(objects, "DaemonSet"), one(objects, "Deployment")):
+        c = container(workload)
+        assert c["image"] == "registry.example.com/ml/neuron-dra:1.2.3"
+        assert c["imagePullPolicy"] == "Always"
+        assert "--logging-format=json" in c["args"] and "--v=4" in c["args"]
+        assert workload["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "--namespace=neuron-system" in container(one(objects, "Deployment"))["args"]
+    for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        assert binding["subjects"][0]["namespace"] == "neuron-system"
+    assert (
+        one(objects, "DaemonSet")["metadata"]["name"] == "neuron-neuron-dra-driver-kubelet-plugin"
+    )
+    default_image = container(one(rendered["default"], "DaemonSet"))["image"]
+    assert default_image == "neuron-dra:0.1.0", "the tag defaults to the appVersion"
+
+
+# --- RBAC ------------------------------------------------------------------------------------
+
+
+def _granted(objects: list[dict[str, Any]], component: str) -> set[tuple[Any, ...]]:
+    """(scope, group, resource, verb, resourceNames) the component's roles grant."""
+    out = set()
+    for obj in objects:
+        if obj["kind"] not in ("ClusterRole", "Role"):
+            continue
+        if obj["metadata"]["labels"].get("app.kubernetes.io/component") != component:
+            continue
+        scope = "cluster" if obj["kind"] == "ClusterRole" else "namespace"
+        for rule in obj["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        names = frozenset(rule.get("resourceNames", []))
+                        out.add((scope, group, resource, verb, names))
+    return out
+
+
+def _expected(uses: tuple[Use, ...]) -> set[tuple[Any, ...]]:
+    return {
+        (u.scope, u.group, u.resource, verb, u.resource_names) for u in uses for verb in u.verbs
+    }
+
+
+@pytest.mark.parametrize("component", sorted(COMPONENTS))
+def test_rbac_is_exactly_what_the_code_uses(
+    rendered: dict[str, list[dict[str, Any]]], component: str
+) -> None:
+    granted = _granted(rendered["default"], component)
+    expected = _expected(COMPONENTS[component][1])
+    assert expected - granted == set(), "missing from the chart's RBAC"
+    assert granted - expected == set(), "granted but not used (least privilege)"
+    # Each role is bound to the component's own service account, in the release namespace.
+    sa = one(rendered["default"], "ServiceAccount", component)["metadata"]
+    for binding in (o for o in rendered["default"] if o["kind"].endswith("RoleBinding")):
+        if binding["metadata"]["labels"]["app.kubernetes.io/component"] == component:
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+            ]
+            assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+
+
+def _code_resources(packages: tuple[str, ...]) -> set[tuple[str, str]]:
+    """(group, plural) of every API resource constant (neuron_dra.common.k8s.client) the
+    packages' code names, plus what the shared helpers they use touch."""
+    constants = {name: value for name, value in vars(k8s).items() if isinstance(value, ApiResource)}
+    helpers = {"EventRecorder": k8s.EVENTS, "LeaderElector": k8s.LEASES}
+    found = set()
+    for package in packages:
+        for path in (REPO / package).rglob("*.py"):
+            text = path.read_text()
+            for name, res in [*constants.items(), *helpers.items()]:
+                if re.search(rf"\b{name}\b", text):
+                    found.add((res.group, res.plural))
+    return found
+
+
+@pytest.mark.parametrize("component", sorted(COMPONENTS))
+def test_api_usage_table_covers_every_resource_the_code_names(component: str) -> None:
+    packages, uses = COMPONENTS[component]
+    in_code = _code_resources(packages)
+    in_table = {(u.group, u.resource.split("/")[0]) for u in uses}
+    assert in_code == in_table
+
+
+# --- admission policies ----------------------------------------------------------------------
+
+
+_CEL_ENV = cel.NewEnv(
+    variables={name: cel.Type.DYN for name in ("request", "object", "oldObject", "variables")},
+    extensions=[ext_strings.ExtStrings(), ext_optional.ExtOptional(), ext_bindings.ExtBindings()],
+)
+
+
+def _cel(expression: str, data: dict[str, Any]) -> Any:
+    return _CEL_ENV.compile(expression).eval(data=data).plain_value()
+
+
+def admit(policy: dict[str, Any], request: dict[str, Any], obj: Any, old: Any = None) -> str | None:
+    """Evaluate a ValidatingAdmissionPolicy as the API server does: None when admitted,
+    else the denial message."""
+    spec = policy["spec"]
+    op, res = request["operation"], request["resource"]
+    rules = spec["matchConstraints"]["resourceRules"]
+    if not any(
+        op in r["operations"]
+        and res["group"] in r["apiGroups"]
+        and res["resource"] in r["resources"]
+        for r in rules
+    ):
+        return None
+    data: dict[str, Any] = {"request": request, "object": obj, "oldObject": old, "variables": {}}
+    for cond in spec.get("matchConditions", []):
+        if not _cel(cond["expression"], data):
+            return None
+    for var in spec.get("variables", []):
+        data["variables"] = {**data["variables"], var["name"]: _cel(var["expression"], data)}
+    for rule in spec["validations"]:
+        if not _cel(rule["expression"], data):
+            message = _cel(rule["messageExpression"], data)
+            assert isinstance(message, str) and message
+            return message
+    return None
+
+
+def _request(
+    user: str,
+    operation: str,
+    group: str,
+    resource: str,
+    name: str,
+    *,
+    node: str | None = None,
+    groups: list[str] | None = None,
+) -> dict[str, Any]:
+    info: dict[str, Any] = {"username": user}
+    if node is not None:
+        info["extra"] = {NODE_NAME_KEY: [node], "authentication.kubernetes.io/pod-name": ["p"]}
+    if groups is not None:
+        info["groups"] = groups
+    return {
+        "operation": operation,
+        "name": name,
+        "userInfo": info,
+        "resource": {"group": group, "version": "v1", "resource": resource},
+    }
+
+
+def _slice(node: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": "neuron.aws.com", "pool": {"name": node or "all"}}
+    if node:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    return {"metadata": {"name": f"{node}-neuron.aws.com-0"}, "spec": spec}
+
+
+def test_plugin_writes_only_its_own_node(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    policy = one(rendered["default"], "ValidatingAdmissionPolicy", "own-node")
+
+    def slice_write(op: str, user: str, node: str | None, target: str | None) -> str | None:
+        req = _request(user, op, "resource.k8s.io", "resourceslices", "s", node=node)
+        obj = None if op == "DELETE" else _slice(target)
+        old = None if op == "CREATE" else _slice(target)
+        return admit(policy, req, obj, old)
+
+    for op in ("CREATE", "UPDATE", "DELETE"):
+        assert slice_write(op, PLUGIN_SA, "n1", "n1") is None
+        denied = slice_write(op, PLUGIN_SA, "n1", "n2")
+        assert denied and "on node n1" in denied and "node n2" in denied
+        assert "bound to no node" in (slice_write(op, PLUGIN_SA, "n1", None) or "")
+        assert "token bound to its node" in (slice_write(op, PLUGIN_SA, None, "n1") or "")
+        # Anyone else is not this policy's business (RBAC decides).
+        assert slice_write(op, "system:serviceaccount:other:sa", "n1", "n2") is None
+    node_patch = _request(PLUGIN_SA, "UPDATE", "", "nodes", "n2", node="n1")
+    assert "node n2" in (admit(policy, node_patch, {"metadata": {"name": "n2"}}) or "")
+    own = _request(PLUGIN_SA, "UPDATE", "", "nodes", "n1", node="n1")
+    assert admit(policy, own, {"metadata": {"name": "n1"}}) is None
+
+
+def test_only_the_controller_writes_ultraservers(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    policy = one(rendered["default"], "ValidatingAdmissionPolicy", "ultraservers")
+    nus = {"metadata": {"name": "us-1", "namespace": "neuron-dra-driver"}, "spec": {}}
+
+    def write(
+        user: str, resource: str = "neuronultraservers", groups: list[str] | None = None
+    ) -> str | None:
+        req = _request(user, "UPDATE", "neuron.aws.com", resource, "us-1", groups=groups)
+        return admit(policy, req, nus, nus)
+
+    assert write(CONTROLLER_SA) is None
+    assert write(CONTROLLER_SA, "neuronultraservers/status") is None
+    assert write("system:serviceaccount:kube-system:namespace-controller") is None
+    assert write("system:serviceaccount:kube-system:generic-garbage-collector") is None
+    assert write("admin", groups=["system:masters", "system:authenticated"]) is None
+    for user, groups in ((PLUGIN_SA, None), ("alice", ["system:authenticated"])):
+        for resource in ("neuronultraservers", "neuronultraservers/status"):
+            denied = write(user, resource, groups)
+            assert denied and user in denied and CONTROLLER_SA in denied
+    # Workloads are the users' to write.
+    req = _request("alice", "UPDATE", "neuron.aws.com", "neuronultraserverworkloads", "w")
+    assert admit(policy, req, nus, nus) is None
+
+
+# --- values that must be refused -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sets", "release", "message"),
+    [
+        (
+            ["controller.replicas=2", "controller.leaderElection.enabled=false"],
+            Release(),
+            "controller.replicas is 2 but controller.leaderElection.enabled is false",
+        ),
+        (
+            ["kubeletPlugin.emulation.enabled=true"],
+            Release(),
+            "kubeletPlugin.emulation.instanceType is empty: set the instance type to emulate",
+        ),
+        (
+            ["kubeletPlugin.emulation.instanceType=trn1.32xlarge"],
+            Release(),
+            "set kubeletPlugin.emulation.enabled=true",
+        ),
+        (
+            ["controller.replicas=2", "controller.podDisruptionBudget.minAvailable=2"],
+            Release(),
+            "minAvailable (2) must be lower than controller.replicas (2)",
+        ),
+        (
+            ["kubeletPlugin.updateStrategy.maxSurge=0"],
+            Release(),
+            "maxSurge and maxUnavailable are both 0",
+        ),
+        (["kubeletPlugin.instanceTypes={}"], Release(), "kubeletPlugin.instanceTypes is empty"),
+        ([], Release(namespace="default"), "install with --namespace neuron-dra-driver"),
+    ],
+)
+def test_invalid_values_fail_with_what_to_change(
+    renderer: ChartRenderer, sets: list[str], release: Release, message: str
+) -> None:
+    with pytest.raises(chartrender.RenderError) as exc:
+        renderer.render(Overrides.of(*sets), release)
+    text = str(exc.value)
+    assert message in text
+    assert text.startswith("execution error at (neuron-dra-driver/templates/validate.yaml:"), text
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["controller.replica=3"], "Additional properties are not allowed ('replica' was"),
+        (["kubeletPlugin.emulation.instanceType=trn9.huge"], "'trn9.huge' is not one of"),
+        (["logging.format=xml"], "logging.format: 'xml' is not one of ['text', 'json']"),
+        (["controller.replicas=two"], "controller.replicas: 'two' is not of type 'integer'"),
+        (["admissionPolicy.validationActions={Block}"], "'Block' is not one of"),
+        (["kubeletPlugin.kubeletDir=relative/path"], "kubeletPlugin.kubeletDir: 'relative/path'"),
+    ],
+)
+def test_schema_violations_are_refused(
+    renderer: ChartRenderer, sets: list[str], message: str
+) -> None:
+    with pytest.raises(chartrender.ValuesError) as exc:
+        renderer.render(Overrides.of(*sets))
+    assert "values don't meet the specifications of the schema" in str(exc.value)
+    assert message in str(exc.value)
+
+
+def test_kubernetes_older_than_134_is_refused(renderer: ChartRenderer) -> None:
+    with pytest.raises(chartrender.RenderError, match=r"requires kubeVersion: >=1\.34\.0-0"):
+        renderer.render(release=Release(kube_version="v1.33.5"))
+    assert renderer.render(release=Release(kube_version="v1.34.1-eks-abcdef"))
+
+
+def test_set_parsing_and_merging() -> None:
+    assert chartrender.parse_set("a.b=1,c=true,d=x\\,y,e={p,q},f=null,g=01") == {
+        "a": {"b": 1},
+        "c": True,
+        "d": "x,y",
+        "e": ["p", "q"],
+        "f": None,
+        "g": "01",
+    }
+    assert chartrender.parse_set("a=1", kind="set-string") == {"a": "1"}
+    assert chartrender.parse_set('a={"b": [1]}', kind="set-json") == {"a": {"b": [1]}}
+    base = {"a": {"b": 1, "c": 2}, "d": [1], "e": 3}
+    assert chartrender.merge_values(base, {"a": {"b": 5}, "d": [2], "e": None}) == {
+        "a": {"b": 5, "c": 2},
+        "d": [2],
+    }
+    assert base == {"a": {"b": 1, "c": 2}, "d": [1], "e": 3}
+
+
+# --- NOTES and the CLI -----------------------------------------------------------------------
+
+
+def test_notes(renderer: ChartRenderer) -> None:
+    notes = renderer.render_text(notes=True)
+    assert "installed in namespace neuron-dra-driver" in notes
+    assert "deployment/neuron-dra-driver-controller" in notes
+    assert "<no value>" not in notes
+    emulated = renderer.render_text(VALUE_SETS["emulation"][0], notes=True)
+    assert "EMULATION MODE" in emulated and "trn2u.48xlarge" in emulated
+    without = renderer.render_text(Overrides.of("controller.enabled=false"), notes=True)
+    assert "controller is disabled" in without
+
+
+def test_render_chart_cli(renderer: ChartRenderer, tmp_path: Path) -> None:
+    env = {**os.environ, "NEURON_DRA_CACHE_DIR": str(renderer.binary.parent.parent)}
+    values = tmp_path / "values.yaml"
+    values.write_text("controller:\n  enabled: false\n")
+    cmd = [
+        sys.executable,
+        str(REPO / "hack" / "render-chart"),
+        "-f",
+        str(values),
+        "--set",
+        "deviceClasses.enabled=false",
+        "-n",
+        "neuron-x",
+        "--include-crds",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert {d["kind"] for d in docs} >= {"CustomResourceDefinition", "DaemonSet"}
+    assert not {"Deployment", "DeviceClass"} & {d["kind"] for d in docs}
+    assert {d["metadata"].get("namespace") for d in docs} <= {None, "neuron-x"}
+    bad = subprocess.run(
+        [*cmd[:2], "--set", "controller.replicas=0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 1
+    assert "controller.replicas: 0 is less than the minimum of 1" in bad.stderr
+
+
+# --- applying to the fake API server ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", ["default", "custom-namespace-image", "emulation"])
+async def test_applies_to_the_fake_apiserver(
+    rendered: dict[str, list[dict[str, Any]]], renderer: ChartRenderer, value_set: str
+) -> None:
+    """CRDs first (as Helm installs crds/), then every rendered object, through the API."""
+    objects = rendered[value_set]
+    namespace = VALUE_SETS[value_set][1].namespace
+    async with FakeAPIServer(crd_paths=[]) as server:
+        from kubernetes_asyncio import client as k8s_client
+
+        api = k8s_client.ApiClient(configuration=server.client_configuration())
+        async with KubeClient(api, owned=True) as kube:
+            first = [o for o in objects if o["kind"] == "Namespace"]
+            rest = [o for o in objects if o["kind"] != "Namespace"]
+            for obj in [*renderer.crds(), *first, *rest]:
+                rt = server.resource_type(obj["apiVersion"], obj["kind"])
+                res = ApiResource(rt.group, rt.version, rt.plural, rt.kind, rt.namespaced)
+                created = await kube.resource(res).create(obj)
+                assert created["metadata"]["uid"]
+                assert created["metadata"].get("labels") == obj["metadata"].get("labels")
+            for obj in objects:
+                meta = obj["metadata"]
+                stored = server.get(
+                    obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
+                )
+                assert stored is not None, f"{obj['kind']} {meta['name']} not stored"
+            # The CRDs are served now: the controller's objects can be created there.
+            assert server.resource_type("neuron.aws.com/v1beta1", "NeuronUltraServer")
+            ds = one(objects, "DaemonSet")
+            stored_ds = server.get("apps/v1", "DaemonSet", ds["metadata"]["name"], namespace)
+            assert stored_ds is not None
+            assert stored_ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 1
