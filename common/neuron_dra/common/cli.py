@@ -26,8 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser(
         "sim",
         help="run the embedded default: a simulated cluster and the seed walkthrough",
-        description="Start a fake Kubernetes API server with the Neuron CRDs, walk through "
-        "the UltraServer workload example and show the result.",
+        description="Start a simulated cluster on this machine (fake kube-apiserver, the "
+        "UltraServer controller, one kubelet plugin per emulated node: two trn2u.48xlarge "
+        "UltraServers, two trn2.48xlarge, one trn1.32xlarge, one inf2.48xlarge; a simulated "
+        "scheduler and kubelets), walk through the examples in examples/specs/ and show what "
+        "each pod got. Exits non-zero if any step fails.",
     )
     sim.add_argument(
         "--keep-running",
@@ -35,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
         help="leave the cluster up afterwards and print a kubeconfig for kubectl",
     )
     sim.add_argument("--port", type=int, default=0, help="API server port (default: any free)")
+    sim.add_argument(
+        "--workdir",
+        help="directory for the nodes' files (emulated sysfs/dev, CDI specs, kubelet sockets); "
+        "default: a new temporary directory, removed on exit",
+    )
     add_logging_flags(sim)
 
     fake = sub.add_parser(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, TypeVar
@@ -49,6 +49,9 @@ class Loop(Generic[K]):
         self._worker: asyncio.Task[None] | None = None
         #: Keys synced (successfully or not): lets tests and users see the loop move.
         self.syncs = 0
+        #: Called after every sync (done or failed): lets waiters re-check state this loop
+        #: changes outside the API server (prepared claims, CDI files).
+        self.listeners: list[Callable[[], None]] = []
 
     def reflector(self, api: ResourceClient, **kwargs: Any) -> Reflector:
         r = Reflector(api, name=f"{self.name}-{api.resource.plural}", **kwargs)
@@ -101,6 +104,8 @@ class Loop(Generic[K]):
             finally:
                 self.syncs += 1
                 self.queue.done(key)
+                for listener in self.listeners:
+                    listener()
 
 
 # --- object readers -------------------------------------------------------------------------

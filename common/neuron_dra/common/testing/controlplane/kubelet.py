@@ -206,7 +206,8 @@ class SimKubelet(Loop[str]):
             state = await self._prepare(pod)
         except PrepareError as exc:
             await self._event(pod, "FailedPrepareDynamicResources", str(exc))
-            raise
+            # The kubelet retries with back-off; the Event is the report, not a traceback.
+            raise Waiting(str(exc)) from exc
         if state.running:
             return
         prepared = {c.pod_claim_name: c.devices for c in state.claims.values()}

@@ -84,9 +84,14 @@ class PodSet(Loop[str]):
         raise NotImplementedError
 
     def _pod(
-        self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        template: Mapping[str, Any] | None = None,
     ) -> JsonDict:
-        tmeta = self.pod_template.get("metadata") or {}
+        template = self.pod_template if template is None else template
+        tmeta = template.get("metadata") or {}
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -96,7 +101,7 @@ class PodSet(Loop[str]):
                 "labels": {**(tmeta.get("labels") or {}), **self.selector, **labels},
                 "annotations": {**(tmeta.get("annotations") or {}), **annotations},
             },
-            "spec": copy.deepcopy(self.pod_template.get("spec") or {}),
+            "spec": copy.deepcopy(template.get("spec") or {}),
         }
 
     def pod_names(self) -> list[str]:
@@ -275,14 +280,8 @@ class LeaderWorkerSet(PodSet):
                 annotations = {LWS_SIZE_ANNOTATION: str(self.size)}
                 if w:
                     annotations[LWS_LEADER_NAME_ANNOTATION] = names[0]
-                pod = self._pod(pod_name, labels, annotations)
                 template = self.leader_template if w == 0 else self.pod_template
-                tmeta = template.get("metadata") or {}
-                pod["metadata"]["labels"] = {
-                    **(tmeta.get("labels") or {}),
-                    **pod["metadata"]["labels"],
-                }
-                pod["spec"] = copy.deepcopy(template.get("spec") or {})
+                pod = self._pod(pod_name, labels, annotations, template)
                 if self.exclusive_topology:
                     pod["spec"]["affinity"] = {
                         **(pod["spec"].get("affinity") or {}),

@@ -28,6 +28,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client as k8s_client
 
+from .. import waiting
 from . import patch as patchlib
 from .builtin_validation import apply_builtin_defaults, validate_builtin, validate_object_meta
 from .errors import FieldError, invalid_status, status
@@ -942,24 +943,7 @@ class FakeAPIServer:
 
         For conditions that only the API server's state decides (a pod Running, a status
         field set, a slice tagged)."""
-        changed = asyncio.Event()
-
-        def on_write(_ev: Event) -> None:
-            changed.set()
-
-        self.store.listeners.append(on_write)
-        try:
-            async with asyncio.timeout(limit):
-                while True:
-                    changed.clear()
-                    got = predicate()
-                    if got:
-                        return got
-                    await changed.wait()
-        except TimeoutError:
-            raise TimeoutError(f"timed out after {limit:g}s waiting for {what}") from None
-        finally:
-            self.store.listeners.remove(on_write)
+        return await waiting.wait_until(predicate, what, limit, [self.store.listeners])
 
     def _drop_watches(self) -> int:
         return self.store.close_watchers("dropped")

@@ -14,6 +14,7 @@ directory, kubelet plugin and registry directories, boot id) live under ``workdi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -25,6 +26,7 @@ from typing import Any, Self, TypeVar
 import yaml
 from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.common.k8s.client import KubeClient, connect
+from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.common.testing.controlplane import (
     CDI_DEVICES_ANNOTATION,
     ControlPlane,
@@ -32,6 +34,7 @@ from neuron_dra.common.testing.controlplane import (
 )
 from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.common.testing.waiting import Listeners, wait_until
 
 from .containers import ContainerDevices, load_specs, resolve
 from .topology import SimNode, check_unique, default_nodes, node_object, ready_condition
@@ -198,22 +201,41 @@ class SimCluster:
     async def wait_until(
         self, predicate: Callable[[], T | None], what: str, limit: float | None = None
     ) -> T:
-        """``predicate()`` once truthy; re-checked on every API write (no polling)."""
-        return await self.api.wait_until(predicate, what, self.limit if limit is None else limit)
+        """``predicate()`` once truthy; re-checked on every API write and after every sync of
+        the control plane's loops (a kubelet's unprepare changes files, not the API)."""
+        sources: list[Listeners] = [self.api.store.listeners]
+        if self.cp is not None:
+            sources += [loop.listeners for loop in self.cp.loops]
+        return await wait_until(predicate, what, self.limit if limit is None else limit, sources)
 
     # --- applying manifests ----------------------------------------------------------------
 
+    def _path(self, api_version: str, kind: str, namespace: str, name: str = "") -> str:
+        rt = self.api.resource_type(api_version, kind)
+        base = f"/apis/{rt.group}/{rt.version}" if rt.group else f"/api/{rt.version}"
+        where = f"/namespaces/{namespace}" if rt.namespaced else ""
+        return f"{base}{where}/{rt.plural}" + (f"/{name}" if name else "")
+
     async def apply(self, manifest: Mapping[str, Any], namespace: str = "default") -> Any:
-        """Create an API object, or start the simulated controller of a Deployment or
-        LeaderWorkerSet (kinds the fake API server does not serve)."""
+        """Create an API object over HTTP as ``kubectl create`` does (admission errors come
+        back as :class:`~neuron_dra.common.k8s.errors.KubeError`), or start the simulated
+        controller of a Deployment or LeaderWorkerSet (kinds the fake API server does not
+        serve)."""
+        assert self.kube is not None and self.cp is not None
         if manifest.get("kind") in WORKLOAD_KINDS:
-            assert self.cp is not None
             return await self.cp.run(manifest, namespace)
-        obj = dict(manifest)
-        rt = self.api.resource_type(str(obj.get("apiVersion")), str(obj.get("kind")))
-        if rt.namespaced:
-            obj["metadata"] = {"namespace": namespace, **(obj.get("metadata") or {})}
-        return self.api.create(obj)
+        ns = str((manifest.get("metadata") or {}).get("namespace") or namespace)
+        path = self._path(str(manifest.get("apiVersion")), str(manifest.get("kind")), ns)
+        return await self.kube.request("POST", path, body=dict(manifest))
+
+    async def delete(
+        self, api_version: str, kind: str, name: str, namespace: str = "default"
+    ) -> None:
+        """Delete over HTTP (background propagation, as kubectl); gone already is fine."""
+        assert self.kube is not None
+        path = self._path(api_version, kind, namespace, name)
+        with contextlib.suppress(NotFoundError):
+            await self.kube.request("DELETE", path)
 
     async def apply_file(self, path: Path, namespace: str = "default") -> list[Any]:
         docs = [d for d in yaml.safe_load_all(await asyncio.to_thread(path.read_text)) if d]
