@@ -345,7 +345,10 @@ async def test_topology_for_the_reserved_workload_only(env: Env) -> None:
         ultraserver_index=3, topology_size=2, node_index=1, leader_host="leader.ec2.internal"
     )
     assert peers.global_topo_id == 7
-    assert w.topology(plan(OTHER_WID)) is None
+    # Devices tagged for a workload with no entry naming this node (a stale tag, after a
+    # release or a move): refused, never prepared without a rank.
+    with pytest.raises(CdiError, match=f"holds no reservation for workload {OTHER_WID}"):
+        w.topology(plan(OTHER_WID))
     assert w.topology(plan(None)) is None
     assert env.clock.sleeps == []
 

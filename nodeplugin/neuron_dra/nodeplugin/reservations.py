@@ -277,10 +277,10 @@ class ReservationWatcher:
     def topology(self, plan: ClaimPlan) -> UltraServerPeers | None:
         """For ``Preparer(topology=...)``: this node's place in the claim's workload.
 
-        None unless the claim's devices are reserved for a workload that has an entry naming
-        this node. Every entry is considered, not only the one in effect: the facts of an entry
-        are right for its own workload, and which claims may use the devices is decided by the
-        published tags (claims.py), not here.
+        None for a claim whose devices carry no workload tag; ``CdiError`` when they do but
+        no entry of that workload names this node (a stale tag). Every entry is considered,
+        not only the one in effect: the facts of an entry are right for its own workload, and
+        which claims may use the devices is decided by the published tags (claims.py).
         """
         if plan.workload_id is None:
             return None
@@ -289,7 +289,14 @@ class ReservationWatcher:
             None,
         )
         if match is None:
-            return None
+            # The devices still carry the workload's tag (this node has not republished yet)
+            # but no entry names this node for it any more: released or moved (RestartAll,
+            # ReplaceAffected). Starting the container without its rank would hang the job's
+            # collectives; refuse, and let the controller move the claim.
+            raise CdiError(
+                f"claim {plan.key}: node {self.node_name} holds no reservation for workload "
+                f"{plan.workload_id} (released or moved); its devices' workloadId tag is stale"
+            )
         leader = match.leader_node_name or workload_leader(self.store.list(), match.workload_id)
         if leader is None:
             # Raised as CdiError so the Preparer reports it on the claim; the kubelet retries,
