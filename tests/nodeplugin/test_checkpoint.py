@@ -84,6 +84,27 @@ def test_round_trip_and_documented_shape(tmp_path: Path) -> None:
     assert (result.warnings, result.notes, result.dirty) == ((), (), False)
 
 
+def test_file_is_the_canonical_json_of_the_document() -> None:
+    # encode() builds the bytes around one canonical encoding of data; they must be exactly
+    # what a JSON encoder gives for the whole document (non-ASCII names included).
+    cp = sample().with_claim(
+        ClaimEntry(
+            uid="u3",
+            namespace="équipe",
+            name="claim-ü",
+            devices=(),
+            device_indices=(9,),
+            cdi_spec={"devices": [], "note": "😀"},
+            prepared_at="2026-01-01T00:00:00Z",
+        )
+    )
+    raw = encode(cp)
+    doc = json.loads(raw)
+    expected = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert raw == expected.encode() + b"\n"
+    assert decode(raw) == cp
+
+
 def test_checkpoint_path_layout(tmp_path: Path) -> None:
     assert ckpt.checkpoint_path(tmp_path, "neuron.aws.com") == (
         tmp_path / "neuron.aws.com" / "checkpoint.json"

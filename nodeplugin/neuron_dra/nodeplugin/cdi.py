@@ -247,11 +247,12 @@ def write_cdi_spec(
     """
     cdi_root.mkdir(parents=True, exist_ok=True)
     target = cdi_root / spec_file_name(claim_uid, cdi_kind=cdi_kind)
+    # Encoded whole and written at once: json.dump() to a file writes it piecewise.
+    raw = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
     fd, tmp = tempfile.mkstemp(dir=cdi_root, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(spec, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
             f.flush()
             os.fchmod(f.fileno(), 0o644)  # runtimes may read as a different user
             os.fsync(f.fileno())

@@ -5,7 +5,7 @@ prepared (its "prepared" flag is not persisted) and NodeUnprepareResources after
 gone from the API server, possibly to a restarted plugin. Both must be answered from local
 state, so every prepared claim is recorded here before Prepare returns.
 
-On disk (``<plugins dir>/<driver>/checkpoint.json``)::
+On disk (``<plugins dir>/<driver>/checkpoint.json``; one line of compact JSON, indented here)::
 
     {
       "version": 1,
@@ -182,12 +182,24 @@ def _plain(value: Any) -> Any:
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
+    """The file's bytes: one line of compact JSON, ``data`` in its canonical form.
+
+    Written on every Prepare and Unprepare, before the kubelet gets its answer, so it is
+    built from one encoding of ``data`` (the canonical bytes the checksum is taken over, by
+    the C encoder) rather than a second, indented one. ``jq .`` shows it to humans.
+    """
     data = {
         "bootId": checkpoint.boot_id,
         "claims": {uid: _entry_to_json(e) for uid, e in sorted(checkpoint.claims.items())},
     }
-    doc = {"version": CHECKPOINT_VERSION, "checksum": checksum(data), "data": data}
-    return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+    canonical = _canonical(data)
+    digest = hashlib.sha256(canonical).hexdigest()
+    # The document's own keys in sorted order, like the canonical form inside it.
+    return b'{"checksum":"%s","data":%s,"version":%d}\n' % (
+        digest.encode(),
+        canonical,
+        CHECKPOINT_VERSION,
+    )
 
 
 def _str(obj: Mapping[str, Any], key: str, where: str) -> str:

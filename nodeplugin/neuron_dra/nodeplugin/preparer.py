@@ -293,12 +293,9 @@ class Preparer:
         self._start_lock = asyncio.Lock()
         # Across the plugin instances of this node (rolling update) and the calls of this one.
         self._node_lock = NodeLock(lock_path(checkpoint_path.parent))
-        # Serializes checkpoint read-modify-write-to-disk; held only around the save.
-        self._ckpt_lock = asyncio.Lock()
         self._node_uid: str | None = None
-        # Commits, and node-locked sections, still running after their caller was cancelled
-        # (kept so they are not garbage-collected mid-flight).
-        self._commits: set[asyncio.Future[Any]] = set()
+        # Node-locked sections still running after their caller was cancelled (kept so they
+        # are not garbage-collected mid-flight).
         self._background: set[asyncio.Future[Any]] = set()
         # (reason, note) of Node Events noted under the node lock, sent after it.
         self._deferred_events: list[tuple[str, str]] = []
@@ -392,6 +389,8 @@ class Preparer:
         ``start_lock_timeout``); :class:`NodeLockTimeout` if it passes (nothing recovered,
         the next call tries again).
         """
+        if self._started:  # every call after the first: no lock round trip
+            return
         async with self._start_lock:
             if not self._started:
                 await self.recover(lock_timeout=lock_timeout)
@@ -472,7 +471,12 @@ class Preparer:
                 )
             # 2. No lock: read and plan the others (API calls, up to the whole budget).
             todo = [ref for ref in claims if ref.uid not in outcomes]
-            planned = await asyncio.gather(*(self._read_and_plan(ref, deadline) for ref in todo))
+            if len(todo) == 1:  # the usual call: no task (and loop round) for the one claim
+                planned = [await self._read_and_plan(todo[0], deadline)]
+            else:
+                planned = await asyncio.gather(
+                    *(self._read_and_plan(ref, deadline) for ref in todo)
+                )
             ready: list[tuple[ClaimRef, _Planned]] = []
             for ref, item in zip(todo, planned, strict=True):
                 if isinstance(item, _Planned):
@@ -491,10 +495,16 @@ class Preparer:
             for ref in claims:
                 outcomes.setdefault(ref.uid, _Outcome(failure, self._clock.now()))
         await self._emit_deferred_events()
-        results = await asyncio.gather(
-            *(self._report(ref, outcomes[ref.uid], started) for ref in claims)
-        )
-        return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
+        answers: dict[str, PrepareResult] = {}
+        warnings = []
+        for ref in claims:
+            outcome = outcomes[ref.uid]
+            answers[ref.uid] = self._report(ref, outcome, started)
+            if isinstance(outcome.value, PrepareFailure) and outcome.value.event:
+                warnings.append(self._claim_warning(ref, outcome.value))
+        if warnings:
+            await asyncio.gather(*warnings)
+        return answers
 
     async def _settle(self, work: Awaitable[PrepareResult]) -> _Outcome:
         try:
@@ -647,8 +657,8 @@ class Preparer:
             return current, None, failures
         return new, raw, failures
 
-    async def _report(self, ref: ClaimRef, outcome: _Outcome, started: float) -> PrepareResult:
-        """Metrics, logs and the claim's Warning Event for one settled claim; its answer."""
+    def _report(self, ref: ClaimRef, outcome: _Outcome, started: float) -> PrepareResult:
+        """Metrics and logs for one settled claim; its answer."""
         self.metrics.prepare_seconds.observe(max(0.0, outcome.at - started))
         exc = outcome.value
         if isinstance(exc, PrepareResult):
@@ -662,14 +672,6 @@ class Preparer:
                 ref.uid,
                 exc.message,
             )
-            if exc.event:
-                await self._events.record(
-                    ObjectRef.resource_claim(ref.namespace, ref.name, ref.uid),
-                    type_=EventType.WARNING,
-                    reason=REASON_PREPARE_FAILED,
-                    note=exc.message,
-                    action="Prepare",
-                )
             return PrepareResult(error=exc.message)
         # A bug must not take the other claims of the call down with it.
         self.metrics.prepare_errors.labels(reason="Internal").inc()
@@ -681,6 +683,16 @@ class Preparer:
         )
         return PrepareResult(
             error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+        )
+
+    async def _claim_warning(self, ref: ClaimRef, failure: PrepareFailure) -> None:
+        """The Warning Event on the claim for a failure its user can act on."""
+        await self._events.record(
+            ObjectRef.resource_claim(ref.namespace, ref.name, ref.uid),
+            type_=EventType.WARNING,
+            reason=REASON_PREPARE_FAILED,
+            note=failure.message,
+            action="Prepare",
         )
 
     async def _already_prepared(self, entry: ckpt.ClaimEntry) -> PrepareResult:
@@ -867,10 +879,10 @@ class Preparer:
     # -- helpers ----------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait for checkpoint writes and node-locked work whose callers were cancelled (call
-        before exiting)."""
-        while self._commits or self._background:
-            await asyncio.gather(*self._commits, *self._background, return_exceptions=True)
+        """Wait for node-locked work (checkpoint writes included) whose callers were
+        cancelled (call before exiting)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def _commit(
         self, work: Callable[[ckpt.Checkpoint], tuple[ckpt.Checkpoint, bytes | None, _T]]
@@ -880,25 +892,20 @@ class Preparer:
         bytes if it saved nothing) and hand back its result.
 
         ``work`` does all of a batch's file work in one thread call: CDI spec writes or
-        removals and at most one checkpoint save. Shielded: the kubelet-facing layer cancels
-        calls that run out of time, and a save that finishes on disk (it runs in a thread)
-        must also finish in memory, or memory and file disagree until the next restart.
+        removals and at most one checkpoint save. Only bodies run by :meth:`_exclusive` call
+        this: the node lock serializes the read-modify-write, and those bodies run to their
+        end even when the kubelet-facing layer cancels the call, so a save that finishes on
+        disk (in the thread) also finishes in memory; otherwise memory and file would
+        disagree until the next restart.
         """
-        task = asyncio.ensure_future(self._commit_locked(work))
-        self._commits.add(task)
-        task.add_done_callback(self._commits.discard)
-        return await asyncio.shield(task)
-
-    async def _commit_locked(
-        self, work: Callable[[ckpt.Checkpoint], tuple[ckpt.Checkpoint, bytes | None, _T]]
-    ) -> _T:
-        async with self._ckpt_lock:
-            new, raw, result = await asyncio.to_thread(work, self._checkpoint)
-            if raw is not None:
-                self._checkpoint = new
-                self._ckpt_raw = raw
-                self.metrics.prepared_claims.set(len(new.claims))
-            return result
+        if not self._node_lock.held:
+            raise RuntimeError("checkpoint commits must run under the node lock")
+        new, raw, result = await asyncio.to_thread(work, self._checkpoint)
+        if raw is not None:
+            self._checkpoint = new
+            self._ckpt_raw = raw
+            self.metrics.prepared_claims.set(len(new.claims))
+        return result
 
     async def _node_event(self, type_: EventType, reason: str, note: str) -> None:
         if self._node_uid is None:
