@@ -24,7 +24,7 @@ from neuron_dra.common.k8s.errors import InvalidError, KubeError
 from neuron_dra.common.paths import repo_root
 from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.simcluster import SimCluster
-from neuron_dra.common.testing.simcluster.topology import ULTRASERVER_TYPE
+from neuron_dra.common.testing.simcluster.topology import ULTRASERVER_TYPE, node_dns_name
 
 JsonDict = dict[str, Any]
 NS = "default"
@@ -473,7 +473,8 @@ class Walkthrough:
             {v.node for v in ranks.values()} == set(tagged), "the pods run on the allocated nodes"
         )
         leaders = {v.env.get(ENV_RANK0) for v in ranks.values()}
-        expect(leaders == {ranks[0].node}, f"one rank-0 host ({ranks[0].node}), got {leaders}")
+        leader = node_dns_name(ranks[0].node)
+        expect(leaders == {leader}, f"one rank-0 host ({leader}), got {leaders}")
         modes = {v.env.get(ENV_MODE) for v in ranks.values()}
         expect(modes == {"1"}, f"topologySize 4: {ENV_MODE}=1 (X4) everywhere, got {modes}")
 

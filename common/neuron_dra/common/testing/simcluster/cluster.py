@@ -97,8 +97,8 @@ class SimCluster:
         await self.api.start()
         self.api.write_kubeconfig(self.kubeconfig)
         self.kube = await self._client()
-        for node in self.nodes:
-            self.api.create(node_object(node))
+        for index, node in enumerate(self.nodes):
+            self.api.create(node_object(node, index))
             root = self.node_root(node.name)
             root.mkdir(parents=True, exist_ok=True)
             (root / "boot_id").write_text("sim-boot-1\n")

@@ -75,8 +75,17 @@ def check_unique(nodes: Sequence[SimNode]) -> None:
             slots.add(slot)
 
 
-def node_object(node: SimNode) -> dict[str, Any]:
-    """The Node as a kubelet registers it: Ready, with the well-known labels."""
+#: DNS suffix of the simulated nodes' ``InternalDNS`` addresses (EKS: ``<region>.compute.internal``).
+DNS_SUFFIX: Final = "sim.compute.internal"
+
+
+def node_dns_name(name: str) -> str:
+    return f"{name}.{DNS_SUFFIX}"
+
+
+def node_object(node: SimNode, index: int = 0) -> dict[str, Any]:
+    """The Node as a kubelet registers it: Ready, with the well-known labels and addresses
+    (the kubelet plugin hands rank 0's address to every rank as NEURON_GLOBAL_TOPOID0_HOST)."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -90,6 +99,11 @@ def node_object(node: SimNode) -> dict[str, Any]:
             },
         },
         "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.0.{index // 250}.{index % 250 + 4}"},
+                {"type": "InternalDNS", "address": node_dns_name(node.name)},
+                {"type": "Hostname", "address": node.name},
+            ],
             "conditions": [ready_condition(True)],
             "nodeInfo": {"kubeletVersion": KUBELET_VERSION},
         },

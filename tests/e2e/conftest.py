@@ -1,0 +1,64 @@
+"""End-to-end tests over the simulated cluster (``neuron_dra.common.testing.simcluster``).
+
+One cluster of the embedded default (two trn2u.48xlarge UltraServers, two trn2.48xlarge, one
+trn1.32xlarge, one inf2.48xlarge: 12 real kubelet plugins, the controller, scheduler and
+kubelets) is shared by the package's tests: starting it takes seconds. The ``sim`` fixture
+hands it to one test and afterwards returns it to idle (workload controllers stopped, pods,
+templates and UltraServer workloads deleted, every claim unprepared and released), so tests
+do not depend on each other's order. Tests that break nodes build their own cluster.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+from neuron_dra.common import constants as c
+from neuron_dra.common.commands.sim_walkthrough import Walkthrough
+from neuron_dra.common.testing.simcluster import SimCluster, default_nodes
+
+NS = "default"
+
+
+async def reset(sim: SimCluster) -> None:
+    """Back to an idle cluster, through the API like a user would."""
+    assert sim.cp is not None
+    for workload in list(sim.cp.workloads):
+        await sim.cp.remove(workload)
+    for w in sim.api.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS):
+        await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, w["metadata"]["name"], NS)
+    for pod in sim.pods(NS):
+        await sim.delete("v1", "Pod", pod["metadata"]["name"], NS)
+    for rct in sim.api.list("resource.k8s.io/v1", "ResourceClaimTemplate", NS):
+        await sim.delete("resource.k8s.io/v1", "ResourceClaimTemplate", rct["metadata"]["name"], NS)
+
+    def idle() -> bool:
+        states = {(u.get("status") or {}).get("state") for u in sim.ultraservers()}
+        return (
+            not sim.pods(NS)
+            and not sim.claims(NS)
+            and not sim.api.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS)
+            and states <= {"Available"}
+            and not any(list(sim.cdi_root(n.name).glob("*.json")) for n in sim.nodes)
+        )
+
+    await sim.wait_until(idle, "the cluster back to idle")
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def shared_cluster() -> AsyncIterator[SimCluster]:
+    async with SimCluster(default_nodes()) as sim:
+        yield sim
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def sim(shared_cluster: SimCluster) -> AsyncIterator[SimCluster]:
+    yield shared_cluster
+    await reset(shared_cluster)
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def walk(sim: SimCluster) -> Walkthrough:
+    """The walkthrough's steps, printing into a buffer (``walk.out.getvalue()``)."""
+    return Walkthrough(sim, io.StringIO())
