@@ -36,7 +36,6 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -151,15 +150,23 @@ func templateFiles(chartDir, chartName string) (map[string]string, error) {
 	return files, err
 }
 
-// execErr matches text/template's execution errors to reprint them as Helm does:
-// "execution error at (<template>:<line>:<col>): <message>".
-var execErr = regexp.MustCompile(`(?s)^template: ([^:]+:\d+:\d+): executing "[^"]*" at <[^>]*>: error calling \w+: (.*)$`)
-
+// helmError reprints text/template's execution errors as Helm does:
+// "execution error at (<template>:<line>:<col>): <message>". The Go form is
+// `template: <template>:<line>:<col>: executing "<name>" at <<call>>: error calling <fn>: <message>`.
 func helmError(err error) string {
-	if m := execErr.FindStringSubmatch(err.Error()); m != nil {
-		return fmt.Sprintf("execution error at (%s): %s", m[1], m[2])
+	text := err.Error()
+	const prefix, marker = "template: ", ": error calling "
+	rest, ok := strings.CutPrefix(text, prefix)
+	at := strings.Index(rest, ": executing ")
+	call := strings.Index(rest, marker)
+	if !ok || at < 0 || call < at {
+		return text
 	}
-	return err.Error()
+	message := rest[call+len(marker):]
+	if fn := strings.Index(message, ": "); fn >= 0 {
+		message = message[fn+2:]
+	}
+	return fmt.Sprintf("execution error at (%s): %s", rest[:at], message)
 }
 
 // ---------------------------------------------------------------------------- functions
@@ -472,8 +479,30 @@ func formatFloat(f float64) string {
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
-// plainSafe: strings YAML 1.1 and 1.2 both read back as the same string when unquoted.
-var plainSafe = regexp.MustCompile(`^[A-Za-z_/][A-Za-z0-9_./-]*(:[A-Za-z0-9_./-]+)*$`)
+// plainSafe: strings YAML 1.1 and 1.2 both read back as the same string when unquoted:
+// [A-Za-z_/] then [A-Za-z0-9_./-], with single colons between such runs ("system:masters").
+func plainSafe(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '/'
+		switch {
+		case letter:
+		case i == 0:
+			return false
+		case c >= '0' && c <= '9' || c == '.' || c == '-':
+		case c == ':':
+			if i == len(s)-1 || s[i-1] == ':' || s[i+1] == ':' {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // yamlSpecial: plain words YAML 1.1 resolves to booleans or null.
 var yamlSpecial = map[string]bool{
@@ -482,7 +511,7 @@ var yamlSpecial = map[string]bool{
 }
 
 func yamlString(s string) string {
-	if plainSafe.MatchString(s) && !yamlSpecial[strings.ToLower(s)] {
+	if plainSafe(s) && !yamlSpecial[strings.ToLower(s)] {
 		return s
 	}
 	b, err := marshalJSON(s)
