@@ -372,7 +372,10 @@ class ChartRenderer:
         release: Release | None = None,
         *,
         notes: bool = False,
+        strict: bool = False,
     ) -> str:
+        """The rendered stream (or NOTES.txt). ``strict``: a template reading a value that
+        does not exist fails instead of rendering nothing (``helm lint --strict``)."""
         release = release or Release()
         chart = load_yaml_file(self.chart_dir / "Chart.yaml")
         constraint = chart.get("kubeVersion")
@@ -414,6 +417,8 @@ class ChartRenderer:
             args = [str(self.binary), "-chart", str(self.chart_dir), "-context", str(context_path)]
             if notes:
                 args.append("-notes")
+            if strict:
+                args.append("-strict")
             proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
         finally:
             context_path.unlink(missing_ok=True)
@@ -422,10 +427,14 @@ class ChartRenderer:
         return proc.stdout
 
     def render(
-        self, overrides: Overrides | None = None, release: Release | None = None
+        self,
+        overrides: Overrides | None = None,
+        release: Release | None = None,
+        *,
+        strict: bool = False,
     ) -> list[JsonDict]:
         """The rendered objects (empty documents dropped), in template order."""
-        text = self.render_text(overrides, release)
+        text = self.render_text(overrides, release, strict=strict)
         try:
             docs = list(yaml.safe_load_all(text))
         except yaml.YAMLError as exc:

@@ -7,7 +7,7 @@
 //
 //	{"Values": {...}, "Release": {...}, "Chart": {...}, "Capabilities": {...}}
 //
-// Usage: chart-render -chart DIR -context FILE [-notes]
+// Usage: chart-render -chart DIR -context FILE [-notes] [-strict]
 //
 // Output: every rendered templates/*.yaml (files starting with "_" only define named
 // templates) as one multi-document YAML stream, each document headed by a "# Source:"
@@ -46,12 +46,14 @@ func main() {
 	chartDir := flag.String("chart", "", "chart directory (holding Chart.yaml and templates/)")
 	contextFile := flag.String("context", "", "JSON file with Values, Release, Chart, Capabilities")
 	notes := flag.Bool("notes", false, "render templates/NOTES.txt instead of the manifests")
+	strict := flag.Bool("strict", false, "fail on a missing map key (like helm lint --strict) "+
+		"instead of rendering it empty: catches misspelt .Values paths")
 	flag.Parse()
 	if *chartDir == "" || *contextFile == "" {
-		fmt.Fprintln(os.Stderr, "usage: chart-render -chart DIR -context FILE [-notes]")
+		fmt.Fprintln(os.Stderr, "usage: chart-render -chart DIR -context FILE [-notes] [-strict]")
 		os.Exit(2)
 	}
-	out, err := run(*chartDir, *contextFile, *notes)
+	out, err := run(*chartDir, *contextFile, *notes, *strict)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "Error: %s\n", helmError(err))
 		os.Exit(1)
@@ -59,7 +61,7 @@ func main() {
 	os.Stdout.WriteString(out)
 }
 
-func run(chartDir, contextFile string, notes bool) (string, error) {
+func run(chartDir, contextFile string, notes, strict bool) (string, error) {
 	raw, err := os.ReadFile(contextFile)
 	if err != nil {
 		return "", err
@@ -77,7 +79,11 @@ func run(chartDir, contextFile string, notes bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	root := template.New("chart").Option("missingkey=zero")
+	missing := "missingkey=zero"
+	if strict {
+		missing = "missingkey=error"
+	}
+	root := template.New("chart").Option(missing)
 	root.Funcs(funcMap(root))
 	names := make([]string, 0, len(files))
 	for name := range files {

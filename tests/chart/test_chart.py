@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -135,6 +136,25 @@ def test_every_object_is_valid_kubernetes_134(
             assert obj["metadata"]["namespace"] == release.namespace, where
         if obj["kind"] != "CustomResourceDefinition":
             assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == release.name, where
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_templates_read_only_values_that_exist(
+    rendered: dict[str, list[dict[str, Any]]], renderer: ChartRenderer, value_set: str
+) -> None:
+    """Rendered strictly (a missing map key fails, like ``helm lint --strict``), the result is
+    the same: no template reads a misspelt value path that silently renders empty."""
+    assert renderer.render(*VALUE_SETS[value_set], strict=True) == rendered[value_set]
+
+
+def test_strict_rendering_catches_a_misspelt_value(renderer: ChartRenderer, tmp_path: Path) -> None:
+    chart = tmp_path / "neuron-dra-driver"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "typo.yaml").write_text("# port {{ .Values.kubeletPlugin.httpPrt }}\n")
+    typo = ChartRenderer(chart, renderer.binary)
+    assert typo.render_text()  # helm's default: renders the missing value as nothing
+    with pytest.raises(chartrender.RenderError, match=r"typo\.yaml.*httpPrt"):
+        typo.render_text(strict=True)
 
 
 def test_kubernetes_validate_ships_the_schemas_we_check_against() -> None:
