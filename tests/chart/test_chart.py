@@ -10,6 +10,7 @@ fail with a message that says what to change.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -779,3 +780,53 @@ async def test_applies_to_the_fake_apiserver(
             stored_ds = server.get("apps/v1", "DaemonSet", ds["metadata"]["name"], namespace)
             assert stored_ds is not None
             assert stored_ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 1
+
+
+@pytest.mark.kubectl
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not on PATH")
+async def test_kubectl_applies_the_rendered_chart(renderer: ChartRenderer, tmp_path: Path) -> None:
+    """What `helm template --include-crds | kubectl apply -f -` does, with the real kubectl:
+    everything is created, and applying again changes nothing."""
+    crds = "".join(p.read_text() + "\n---\n" for p in sorted((CHART / "crds").glob("*.yaml")))
+    manifest = tmp_path / "chart.yaml"
+    manifest.write_text(crds + renderer.render_text())
+    async with FakeAPIServer(crd_paths=[]) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        server.write_kubeconfig(kubeconfig)
+
+        async def kubectl(*args: str) -> str:
+            proc = await asyncio.create_subprocess_exec(
+                "kubectl",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )  # awaited: the fake server runs on this event loop
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+            assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+            return out.decode()
+
+        first = await kubectl("apply", "-f", str(manifest))
+        assert first.count(" created") == len(renderer.crds()) + len(renderer.render())
+        second = await kubectl("apply", "-f", str(manifest))
+        # kubectl always re-sends a PodDisruptionBudget's selector (its patch strategy is
+        # "replace"), so that one reports "configured" against a real API server too.
+        changed = [
+            line
+            for line in second.splitlines()
+            if not line.endswith(" unchanged")
+            and line != "poddisruptionbudget.policy/neuron-dra-driver-controller configured"
+        ]
+        assert not changed, second
+        assert len(second.splitlines()) == first.count(" created")
+        listed = await kubectl("get", "ds,deploy,svc,pdb", "-n", "neuron-dra-driver", "-o", "name")
+        assert sorted(listed.split()) == [
+            "daemonset.apps/neuron-dra-driver-kubelet-plugin",
+            "deployment.apps/neuron-dra-driver-controller",
+            "poddisruptionbudget.policy/neuron-dra-driver-controller",
+            "service/neuron-dra-driver-controller-metrics",
+        ]
