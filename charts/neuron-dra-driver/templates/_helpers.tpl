@@ -1,7 +1,7 @@
 {{/*
 Named templates shared by the chart. Function use is kept to a small set (include, toYaml,
-nindent, indent, quote, default, required, fail, trunc, trimSuffix, printf, dict, list,
-hasKey, int, join, has, empty) so hack/chart-render can check the chart without helm.
+nindent, quote, default, required, fail, trunc, trimSuffix, contains, printf, dict, list,
+int, toString, empty) so hack/chart-render can check the chart without helm.
 */}}
 
 {{/* The chart name, or nameOverride. */}}
