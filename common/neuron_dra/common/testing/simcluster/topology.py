@@ -75,7 +75,7 @@ def check_unique(nodes: Sequence[SimNode]) -> None:
             slots.add(slot)
 
 
-#: DNS suffix of the simulated nodes' ``InternalDNS`` addresses (EKS: ``<region>.compute.internal``).
+#: DNS suffix of the simulated nodes' ``InternalDNS`` (EKS: ``<region>.compute.internal``).
 DNS_SUFFIX: Final = "sim.compute.internal"
 
 
