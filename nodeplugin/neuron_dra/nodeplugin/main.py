@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.common.k8s.client import connect
 from neuron_dra.common.k8s.errors import PermanentError
 from neuron_dra.common.logsetup import add_logging_flags, setup_logging
@@ -32,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node (env NODE_NAME)")
     p.add_argument("--pod-uid", default=_env("POD_UID"), help="this pod's UID (env POD_UID)")
     p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="default: in-cluster")
+    p.add_argument(
+        "--namespace",
+        default=_env("POD_NAMESPACE", DRIVER_NAMESPACE),
+        help="namespace of the NeuronUltraServer objects the controller writes (env "
+        f"POD_NAMESPACE: the chart installs both in the release namespace; default "
+        f"{DRIVER_NAMESPACE})",
+    )
     p.add_argument(
         "--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec dir (env CDI_ROOT)"
     )
@@ -80,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         emulated_ultraserver_id=args.emulated_ultraserver_id or None,
         emulated_ultraserver_node_id=int(node_id) if node_id not in (None, "") else None,
         http_port=args.http_port,
+        namespace=args.namespace,
     )
 
 

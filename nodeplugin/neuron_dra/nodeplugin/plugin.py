@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from neuron_dra.common.constants import DRIVER_NAME
+from neuron_dra.common.constants import DRIVER_NAME, DRIVER_NAMESPACE
 from neuron_dra.common.httpserver import HttpServer, load_web
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
@@ -104,6 +104,8 @@ class PluginConfig:
     http_port: int = 8081
     rescan_interval: float = DEFAULT_RESCAN_INTERVAL
     driver_name: str = DRIVER_NAME
+    #: Where the controller keeps the NeuronUltraServers (its release namespace).
+    namespace: str = DRIVER_NAMESPACE
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
 
     @property
@@ -134,6 +136,7 @@ class KubeletPlugin:
         self.reservations = ReservationWatcher(
             kube,
             node_name=config.node_name,
+            namespace=config.namespace,
             on_change=lambda: self.publisher.request_sync(),
             registry=self.registry,
         )
