@@ -217,16 +217,22 @@ class ControllerManager:
                 self.workload_queue.add(key)
 
     def _on_nus(self, obj: JsonDict) -> None:
-        keys = set(self.workloads.keys_for_ultraserver(obj)) | set(self.workloads.pending_keys())
+        self._requeue_for_nus(obj)
+
+    def _on_nus_update(self, old: JsonDict, new: JsonDict) -> None:
+        self._requeue_for_nus(old, new)
+
+    def _requeue_for_nus(self, *versions: JsonDict) -> None:
+        # The waiting workloads once per event, not once per version: the list is O(workloads).
+        keys = set(self.workloads.pending_keys())
+        for obj in versions:
+            keys |= self.workloads.keys_for_ultraserver(obj)
         for key in keys:
             self.workload_queue.add(key)
         # Deleted or edited by someone else: discovery decides whether it should exist.
-        for key in keys_for_ultraserver(obj):
-            self.discovery_queue.add(key)
-
-    def _on_nus_update(self, old: JsonDict, new: JsonDict) -> None:
-        self._on_nus(old)
-        self._on_nus(new)
+        for obj in versions:
+            for key in keys_for_ultraserver(obj):
+                self.discovery_queue.add(key)
 
     def _on_workload(self, obj: JsonDict) -> None:
         meta = obj.get("metadata") or {}

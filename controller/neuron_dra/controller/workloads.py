@@ -656,9 +656,12 @@ class WorkloadReconciler:
         self._nus_changes = StoreChanges(ctx.ultraservers)
         self._servers = allocator.ServerCache(lambda n: self._problem_of(n) is None)
         self._units = UnitIndex()
-        #: NUS key → ``nus_instance_type`` (the Validator's "discovered types"), and counts.
-        self._nus_types: dict[str, str] = {}
+        #: NUS key → the object as last synced; what the objects say in total: how many
+        #: are of each ``nus_instance_type`` (the Validator's "discovered types") and how
+        #: many record each workloadRef (a workload holding nothing is waiting).
+        self._synced_nus: dict[str, JsonDict] = {}
         self._type_counts: Counter[str] = Counter()
+        self._held_refs: Counter[str] = Counter()
         #: NUS keys our overlay covered at the last sync (its view of them may change
         #: without any cache event).
         self._overlaid: set[str] = set()
@@ -729,25 +732,33 @@ class WorkloadReconciler:
                 out[name] = problem
         return out
 
+    def _sync_nus(self) -> None:
+        """Catch up with the NeuronUltraServers (as we last wrote or cached them) that
+        changed since the last sync: only those are looked at."""
+        store = self.ctx.ultraservers
+        overlay = self._nus_overlay
+        for key in self._nus_changes.drain() | self._overlaid | overlay.keys():
+            nus = overlay.view(store, key)
+            before = self._synced_nus.get(key)
+            if nus is before:
+                continue
+            self._servers.put(key, nus)
+            if before is not None:
+                del self._synced_nus[key]
+                _count(self._type_counts, [nus_instance_type(before)], -1)
+                _count(self._held_refs, set(_allocation_refs(before)), -1)
+            if nus is not None:
+                self._synced_nus[key] = nus
+                _count(self._type_counts, [nus_instance_type(nus)], +1)
+                _count(self._held_refs, set(_allocation_refs(nus)), +1)
+        self._overlaid = overlay.keys()
+
     def _sync_fleet(self) -> UnitIndex:
         """Bring the fleet's free-unit index up to date with the caches and our overlay:
         only the NeuronUltraServers and nodes that changed since the last sync are looked at.
         """
         self._refresh_health()
-        store = self.ctx.ultraservers
-        overlay = self._nus_overlay
-        for key in self._nus_changes.drain() | self._overlaid | overlay.keys():
-            nus = overlay.view(store, key)
-            self._servers.put(key, nus)
-            before = self._nus_types.pop(key, None)
-            if before is not None:
-                self._type_counts[before] -= 1
-                if not self._type_counts[before]:
-                    del self._type_counts[before]
-            if nus is not None:
-                self._nus_types[key] = itype = nus_instance_type(nus)
-                self._type_counts[itype] += 1
-        self._overlaid = overlay.keys()
+        self._sync_nus()
         for name, state in self._servers.changes():
             if state is None:
                 self._units.remove(name)
@@ -768,7 +779,8 @@ class WorkloadReconciler:
 
     def _holds_entries(self, ref: str) -> bool:
         """Whether any NeuronUltraServer (as we last wrote or cached it) records ``ref``."""
-        return any(ref in _allocation_refs(nus) for nus in self._nus_holding(ref))
+        self._sync_nus()
+        return ref in self._held_refs
 
     # --- helpers for the manager -------------------------------------------------------------
 
@@ -792,12 +804,14 @@ class WorkloadReconciler:
     def pending_keys(self) -> list[str]:
         """Workloads waiting for capacity, first come first: requeue them when capacity may
         have appeared (a NeuronUltraServer, slice or node changed)."""
+        self._sync_nus()
+        held = self._held_refs
         waiting = [
             w
             for w in self._workloads()
             if not _meta(w).get("deletionTimestamp")
             and _status(w).get("state") != FAILED
-            and not self._holds_entries(object_key(w))
+            and object_key(w) not in held
         ]
         return [object_key(w) for w in sorted(waiting, key=_fifo_key)]
 
@@ -853,12 +867,13 @@ class WorkloadReconciler:
         key = object_key(obj)
         # Every other workload that holds nothing yet takes part, so the FIFO order holds
         # across workloads; one whose spec cannot fit the hardware must not queue others.
+        held = self._held_refs  # current: the caller synced
         requests = [
             allocator.request_from(w)
             for w in self._workloads()
             if (ref := object_key(w)) != key
+            and ref not in held
             and not _meta(w).get("deletionTimestamp")
-            and not self._holds_entries(ref)
             and validate(w).state != FAILED
         ]
         requests.append(allocator.request_from(obj))
@@ -1530,6 +1545,15 @@ class WorkloadReconciler:
             note=note,
             action="Allocate",
         )
+
+
+def _count(counter: Counter[str], keys: Iterable[str], delta: int) -> None:
+    for key in keys:
+        value = counter[key] + delta
+        if value > 0:
+            counter[key] = value
+        else:
+            del counter[key]
 
 
 def _allocation_refs(nus: Mapping[str, Any]) -> list[str]:
