@@ -155,12 +155,16 @@ SEED = {
 
 async def test_seed_workload_allocates_two_ultraservers_and_releases_them(cluster: Cluster) -> None:
     api = cluster.api
-    async with controller(cluster.kube):
+    async with controller(cluster.kube) as manager:
         await cluster.eventually(
             "4 NeuronUltraServers discovered",
             lambda: (
                 len(api.list("neuron.aws.com/v1beta1", "NeuronUltraServer", DRIVER_NAMESPACE)) == 4
             ),
+        )
+        # Indexed for the allocator in the background, before any workload asks.
+        await cluster.eventually(
+            "fleet indexed", lambda: manager.workloads.indexed_ultraservers() == 4
         )
         api.create(SEED)
 

@@ -753,6 +753,16 @@ class WorkloadReconciler:
                 _count(self._held_refs, set(_allocation_refs(nus)), +1)
         self._overlaid = overlay.keys()
 
+    def sync_fleet(self) -> None:
+        """Catch up with the caches now rather than at the next decision (the manager calls
+        this in the background after cache events)."""
+        if self._caches_synced():
+            self._sync_fleet()
+
+    def indexed_ultraservers(self) -> int:
+        """How many UltraServers the fleet index holds (as of its last sync)."""
+        return len(self._units)
+
     def _sync_fleet(self) -> UnitIndex:
         """Bring the fleet's free-unit index up to date with the caches and our overlay:
         only the NeuronUltraServers and nodes that changed since the last sync are looked at.
