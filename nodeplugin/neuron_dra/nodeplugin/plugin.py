@@ -4,7 +4,8 @@
 module and is tested on its own. Start-up order matters to the kubelet:
 
 1. discover devices (emulated tree or the host's sysfs/dev) so that nothing is published or
-   served before we know what this node has;
+   served before we know what this node has (the watches the publish needs start listing
+   meanwhile);
 2. recover prepared claims from the checkpoint (CDI specs of running pods must exist before
    the kubelet talks to us again);
 3. publish the ResourceSlice and the Node labels (the publisher keeps them published); what
@@ -293,16 +294,19 @@ class KubeletPlugin:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         cfg.cdi_root.mkdir(parents=True, exist_ok=True)
-        # Independent: the emulated tree is written (worker thread) while the GET is in flight.
+        self.labeller.watch_node(self.publisher.node_reflector)
+        # The watches first: their initial lists run while the emulated tree is written (in a
+        # worker thread, while the Node GET is in flight) and scanned, and the checkpoint is
+        # recovered. Nothing is published before the publisher starts below.
+        self.reservations.start()
+        self.publisher.start_watching()
         self._node_labels, _ = await asyncio.gather(
             self._read_node_labels(), self._write_emulated_tree()
         )
         await self.discover()
         await self.preparer.start()
-        self.labeller.watch_node(self.publisher.node_reflector)
         # Publishing before the reservations are known would briefly show a reserved node as
         # free after a restart, and the scheduler could hand its devices to anyone.
-        self.reservations.start()
         try:
             await asyncio.wait_for(self.reservations.wait_synced(), RESERVATIONS_SYNC_TIMEOUT)
         except TimeoutError:

@@ -527,13 +527,18 @@ class SlicePublisher:
 
     # --- lifecycle -----------------------------------------------------------------------
 
+    def start_watching(self) -> None:
+        """Start only the Node and ResourceSlice watches (in the running loop), so that their
+        initial lists are done by the time :meth:`start` publishes. Idempotent."""
+        self.node_reflector.start()
+        self.slice_reflector.start()
+
     def start(self) -> None:
         """Start watching and publishing (in the running loop); returns at once."""
         if self._started_at is not None:
             return
         self._started_at = self._clock.now()
-        self.node_reflector.start()
-        self.slice_reflector.start()
+        self.start_watching()
         self._worker.start()
         self._worker.request()
 
