@@ -44,6 +44,7 @@ of its SHA-256). ``server_id_2`` follows the driver's X2V rule: nodes 0 and 1 sh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -207,13 +208,28 @@ class _Writer:
     costs more than the write).
     """
 
-    def __init__(self) -> None:
-        self._made: set[Path] = set()
+    def __init__(self, root: Path | None = None) -> None:
+        #: Directories known to exist: made here, or ``root`` (an existing directory).
+        self._made: set[Path] = {root} if root is not None else set()
 
     def _parent(self, path: Path) -> None:
-        if path.parent not in self._made:
+        if path.parent in self._made:
+            return
+        missing = []
+        known = path.parent
+        while known not in self._made and known != known.parent:
+            missing.append(known)
+            known = known.parent
+        if known not in self._made:  # nothing known above: let mkdir find out
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made.update(path.parents)
+            return
+        # Top down from the nearest known directory: one mkdir per new directory (mkdir with
+        # parents=True first fails for each missing level, then retries).
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir()
+            self._made.add(directory)
 
     def write(self, path: Path, text: str) -> None:
         self._parent(path)
@@ -295,7 +311,7 @@ def write_emulated_tree(
         efa_map_path=root / EFA_MAP_FILE if efa else None,
     )
     sysfs, dev = paths.sysfs_root, paths.dev_root
-    w = _Writer()
+    w = _Writer(root)
     w.write(sysfs / EMULATION_MARKER, f"{instance_type}\n")
     dev.mkdir(parents=True)
     paths.opt_root.mkdir(parents=True)
