@@ -22,13 +22,13 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME
+from neuron_dra.nodeplugin.atomicfile import fsync_dir, replace_file
 from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
 from neuron_dra.nodeplugin.slices import inventory_profile, node_default_lnc
@@ -245,23 +245,10 @@ def write_cdi_spec(
     system) and is named so CDI ignores it (hidden, not ``.json``). File and directory are
     fsynced so a prepared claim's spec survives a crash right after Prepare returns.
     """
-    cdi_root.mkdir(parents=True, exist_ok=True)
     target = cdi_root / spec_file_name(claim_uid, cdi_kind=cdi_kind)
-    # Encoded whole and written at once: json.dump() to a file writes it piecewise.
     raw = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(dir=cdi_root, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)  # runtimes may read as a different user
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(cdi_root)
+    # 0644: runtimes may read it as a different user.
+    replace_file(target, raw, mode=0o644)
     return target
 
 
@@ -269,7 +256,7 @@ def remove_cdi_spec(cdi_root: Path, claim_uid: str, *, cdi_kind: str = CDI_KIND)
     """Remove the claim's spec; already gone is fine (Unprepare is retried)."""
     with contextlib.suppress(FileNotFoundError):
         (cdi_root / spec_file_name(claim_uid, cdi_kind=cdi_kind)).unlink()
-        _fsync_dir(cdi_root)
+        fsync_dir(cdi_root)
 
 
 def list_cdi_specs(cdi_root: Path, *, cdi_kind: str = CDI_KIND) -> set[str]:
@@ -284,11 +271,3 @@ def list_cdi_specs(cdi_root: Path, *, cdi_kind: str = CDI_KIND) -> set[str]:
         for n in names
         if n.startswith(prefix) and n.endswith(".json") and len(n) > len(prefix) + len(".json")
     }
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

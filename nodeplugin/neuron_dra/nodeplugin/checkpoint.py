@@ -48,18 +48,18 @@ Everything except :func:`save`, :func:`load`, :func:`load_raw`, :func:`read_raw`
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
+
+from neuron_dra.nodeplugin.atomicfile import read_file, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -311,26 +311,10 @@ def save(path: Path, checkpoint: Checkpoint) -> bytes:
     """Write atomically and durably: readers and crashes see the old file or the new one.
 
     Returns the bytes written (what a later :func:`read_raw` of an unchanged file gives).
+    The file is private to the plugin (mode 0600).
     """
     raw = encode(checkpoint)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    # The rename is only durable once the directory entry is.
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    replace_file(path, raw, mode=0o600)
     return raw
 
 
@@ -362,10 +346,7 @@ def _aside_path(path: Path, now: datetime) -> Path:
 
 def read_raw(path: Path) -> bytes | None:
     """The file's bytes, None if it does not exist (other OSErrors propagate)."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
+    return read_file(path)
 
 
 def load(path: Path, *, boot_id: str, now: datetime | None = None) -> LoadResult:
