@@ -787,11 +787,6 @@ class WorkloadReconciler:
     def _nus_named(self, name: str) -> JsonDict | None:
         return self._nus_overlay.view(self.ctx.ultraservers, f"{self.ctx.namespace}/{name}")
 
-    def _holds_entries(self, ref: str) -> bool:
-        """Whether any NeuronUltraServer (as we last wrote or cached it) records ``ref``."""
-        self._sync_nus()
-        return ref in self._held_refs
-
     # --- helpers for the manager -------------------------------------------------------------
 
     def keys_for_ultraserver(self, nus: Mapping[str, Any]) -> set[str]:
@@ -1077,8 +1072,40 @@ class WorkloadReconciler:
             return await self._allocate(obj, wid)
 
         if not failed and not missing:
+            await self._move_strays(obj, wid, held)
             return await self._finish(obj, wid, [h.unit for h in held], None)
         return await self._on_failure(obj, wid, held, failed, missing, problems)
+
+    def _stray_nodes(self, obj: JsonDict, wid: str, held: list[Held]) -> set[str]:
+        """Nodes outside the workload's units where its claims were allocated anyway.
+
+        After a move (RestartAll, ReplaceAffected) a released node keeps the workload's tag
+        until its plugin republishes, and the scheduler may place a new claim there; the
+        plugin refuses to prepare it, so without a move the pod would wait forever."""
+        namespace = str(_meta(obj).get("namespace"))
+        ours = {n for h in held for n in h.nodes}
+        stray: set[str] = set()
+        for claim in self.ctx.claims.list():
+            meta = _meta(claim)
+            if meta.get("namespace") != namespace or meta.get("deletionTimestamp"):
+                continue
+            if (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID) != wid:
+                continue
+            stray |= claim_pools(claim) - ours
+        return stray
+
+    async def _move_strays(self, obj: JsonDict, wid: str, held: list[Held]) -> None:
+        stray = self._stray_nodes(obj, wid, held)
+        if not stray:
+            return
+        moved = await self._delete_claims(obj, wid, on_nodes=stray)
+        if moved:
+            await self._event(
+                obj, EventType.WARNING, "ClaimsMoved",
+                f"claims {', '.join(moved)} were allocated on {', '.join(sorted(stray))}, which "
+                "no longer belong to the workload (stale workloadId tag); deleted them and "
+                "their pods so they are scheduled onto the workload's nodes",
+            )
 
     def _complete(self, obj: JsonDict, held: list[Held]) -> tuple[Unit, ...] | None:
         return allocator.plan_replacement_on(
