@@ -984,3 +984,22 @@ async def test_node_lock_excludes_other_holders_and_tasks(tmp_path: Path) -> Non
     assert not second.held
     with pytest.raises(RuntimeError):
         second.release()
+
+
+async def test_node_lock_keeps_its_queue_order_and_timeouts(tmp_path: Path) -> None:
+    lock = NodeLock(tmp_path / "serialize.lock")
+    await lock.acquire(1.0)
+    queued = asyncio.create_task(lock.acquire(5.0))
+    assert await still_pending(queued, 0.05)
+    with pytest.raises(NodeLockTimeout):  # a task of this process waits no longer than told
+        await lock.acquire(0.05)
+    lock.release()
+    # Released with a task queued: a newcomer must not take the lock ahead of it, and must
+    # still give up after its own timeout while the queued task holds it.
+    with pytest.raises(NodeLockTimeout):
+        await lock.acquire(0.05)
+    await asyncio.wait_for(queued, 5)
+    assert lock.held
+    lock.release()
+    await lock.acquire(0.05)  # free and nobody queued: at once
+    lock.release()

@@ -65,6 +65,8 @@ class NodeLock:
         self._poll_min = poll_min
         self._poll_max = poll_max
         self._mutex = asyncio.Lock()
+        #: Tasks of this process waiting for ``_mutex`` (a free lock is not theirs to take).
+        self._queued = 0
         self._fd: int | None = None
 
     @property
@@ -78,12 +80,20 @@ class NodeLock:
         waiting leaves nothing held. OSErrors (directory not writable, ...) propagate.
         """
         deadline = time.monotonic() + within
-        try:
-            # wait_for, not asyncio.timeout(): on Python 3.11 only wait_for hands back a lock
-            # acquired at the very moment the timeout fired instead of losing it.
-            await asyncio.wait_for(self._mutex.acquire(), timeout=max(0.0, within))
-        except TimeoutError:
-            raise NodeLockTimeout(self.path, within) from None
+        if not self._mutex.locked() and not self._queued:
+            # Free and nobody queued (the usual case): asyncio.Lock then takes it without
+            # suspending, so the task and timer of wait_for are not needed.
+            await self._mutex.acquire()
+        else:
+            self._queued += 1
+            try:
+                # wait_for, not asyncio.timeout(): on Python 3.11 only wait_for hands back a
+                # lock acquired at the very moment the timeout fired instead of losing it.
+                await asyncio.wait_for(self._mutex.acquire(), timeout=max(0.0, within))
+            except TimeoutError:
+                raise NodeLockTimeout(self.path, within) from None
+            finally:
+                self._queued -= 1
         try:
             self._fd = await self._flock(deadline, within)
         except BaseException:
