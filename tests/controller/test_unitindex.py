@@ -278,7 +278,13 @@ def test_plan_on_a_kept_index_decides_as_plan_and_leaves_it_unchanged(
         apply(index, raw, op)
     for reqs in rounds:
         before = index.snapshot()
-        assert plan_on(index, reqs) == plan(list(raw.values()), reqs)
+        full = plan(list(raw.values()), reqs)
+        assert plan_on(index, reqs) == full
+        assert index.snapshot() == before
+        # Stopping at a request gives the same decisions up to it (FIFO: later requests
+        # cannot change earlier decisions).
+        for at, decision in enumerate(full):
+            assert plan_on(index, reqs, until=decision.workload_ref) == full[: at + 1]
         assert index.snapshot() == before
 
 

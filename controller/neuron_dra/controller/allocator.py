@@ -218,54 +218,59 @@ def plan(servers: Sequence[UltraServerState], requests: Sequence[Request]) -> li
     return plan_on(_index_of(servers), requests)
 
 
-def plan_on(index: UnitIndex, requests: Sequence[Request]) -> list[Decision]:
+def plan_on(
+    index: UnitIndex, requests: Sequence[Request], *, until: str | None = None
+) -> list[Decision]:
     """``plan`` over a ``UnitIndex`` of the cluster that the caller keeps current between
-    decisions (the reconciler). The index is left as it was found."""
+    decisions (the reconciler). The index is left as it was found.
+
+    ``until``: stop after the decision for this workload ref. Requests are served strictly
+    in FIFO order, so the requests after it cannot change it (and a reconciler deciding one
+    workload of a burst need not plan the rest of the burst).
+    """
     _check_refs(requests)
     decisions: list[Decision] = []
     #: instance type -> the request first in line for it, still waiting for releases.
     waiting: dict[str, Request] = {}
     with index.tentative():
         for request in sorted(requests, key=lambda r: r.order):
-            ref = request.workload_ref
-            error = _request_error(request)
-            if error is not None:
-                decisions.append(Decision(ref, None, error))
-                continue
-            size, count = request.topology_size, request.server_count
-            capacity = index.capacity(request.instance_type, size)
-            if count > capacity:
-                # Checked before the queue: "never fits" tells the user what to change, while
-                # "queued" would suggest that waiting helps.
-                decisions.append(Decision(ref, None, _never_fits(index, request, capacity)))
-                continue
-            head = waiting.get(request.instance_type)
-            if head is not None:
-                decisions.append(
-                    Decision(
-                        ref,
-                        None,
-                        f"queued behind {head.workload_ref}, which came first and waits for "
-                        f"{_what(head.topology_size, head.server_count)} of "
-                        f"{head.instance_type} to be released",
-                    )
-                )
-                continue
-            chosen = _choose(index, request.instance_type, size, count, ref)
-            if chosen is not None:
-                units = tuple(_as_units(chosen, range(count)))
-                granted = _names(u.ultraserver for u in units)
-                decisions.append(
-                    Decision(
-                        ref,
-                        units,
-                        f"allocated {_what(size, count)} of {request.instance_type} on {granted}",
-                    )
-                )
-                continue
-            decisions.append(Decision(ref, None, _shortage(index, request)))
-            waiting[request.instance_type] = request
+            decisions.append(_decide(index, request, waiting))
+            if request.workload_ref == until:
+                break
     return decisions
+
+
+def _decide(index: UnitIndex, request: Request, waiting: dict[str, Request]) -> Decision:
+    """The decision for ``request``, booking what it is granted; ``waiting`` (instance type
+    -> the first request of that type still waiting for releases) is updated."""
+    ref = request.workload_ref
+    error = _request_error(request)
+    if error is not None:
+        return Decision(ref, None, error)
+    size, count = request.topology_size, request.server_count
+    capacity = index.capacity(request.instance_type, size)
+    if count > capacity:
+        # Checked before the queue: "never fits" tells the user what to change, while
+        # "queued" would suggest that waiting helps.
+        return Decision(ref, None, _never_fits(index, request, capacity))
+    head = waiting.get(request.instance_type)
+    if head is not None:
+        return Decision(
+            ref,
+            None,
+            f"queued behind {head.workload_ref}, which came first and waits for "
+            f"{_what(head.topology_size, head.server_count)} of {head.instance_type} "
+            "to be released",
+        )
+    chosen = _choose(index, request.instance_type, size, count, ref)
+    if chosen is None:
+        waiting[request.instance_type] = request
+        return Decision(ref, None, _shortage(index, request))
+    units = tuple(_as_units(chosen, range(count)))
+    granted = _names(u.ultraserver for u in units)
+    return Decision(
+        ref, units, f"allocated {_what(size, count)} of {request.instance_type} on {granted}"
+    )
 
 
 def plan_replacement(

@@ -882,7 +882,7 @@ class WorkloadReconciler:
             and validate(w).state != FAILED
         ]
         requests.append(allocator.request_from(obj))
-        for decision in allocator.plan_on(units, requests):
+        for decision in allocator.plan_on(units, requests, until=key):
             if decision.workload_ref == key:
                 return decision
         raise AssertionError(f"plan returned no decision for {key}")
