@@ -460,3 +460,14 @@ def test_node_device_checks_every_overlapped_device() -> None:
 def test_unreserved_devices_are_free_for_anyone() -> None:
     published = published_for(TRN2, {5: "w-a"})
     assert plan(make_claim(devices(0, 1, 2, 3)), TRN2, published).workload_id is None
+
+
+def test_a_workloads_claim_waits_for_its_devices_to_be_tagged() -> None:
+    # The scheduler placed the claim by a tag this node no longer (or not yet) publishes,
+    # e.g. while RestartAll moves the workload: preparing it would start a rank-less
+    # container. Refused (the kubelet retries), not permanently.
+    published = published_for(TRN2U, {})
+    claim = make_claim([result("neuronnode")], [opaque(us_mode(4))], labels={LABEL: "train-a"})
+    with pytest.raises(ClaimError, match=r"belongs to workload train-a.*not reserved") as e:
+        plan(claim, TRN2U, published)
+    assert not e.value.permanent

@@ -27,6 +27,7 @@ from typing import Any, Final
 from neuron_dra.common.constants import (
     DRIVER_NAME,
     KIND_WORKLOAD,
+    LABEL_WORKLOAD_ID,
 )
 from neuron_dra.common.events import EventRecorder
 from neuron_dra.common.httpserver import HttpServer
@@ -36,6 +37,7 @@ from neuron_dra.common.k8s.client import (
     NEURON_ULTRASERVERS,
     NODES,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     KubeClient,
 )
@@ -86,6 +88,15 @@ def _owner_workload_key(template: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: Index on ``ctx.workloads``: status.workloadId → the workload.
+WORKLOAD_BY_ID: Final = "manager/workload-id"
+
+
+def _workload_id(obj: JsonDict) -> list[str]:
+    wid = (obj.get("status") or {}).get("workloadId")
+    return [str(wid)] if wid else []
+
+
 #: Index on ``ctx.ultraservers``: node name → NeuronUltraServers whose allocations name it.
 NUS_BY_HELD_NODE: Final = "manager/held-nodes"
 
@@ -123,6 +134,7 @@ class ControllerManager:
             slices=SliceStore(),
         )
         self.ctx.ultraservers.add_index(NUS_BY_HELD_NODE, _held_nodes)
+        self.ctx.workloads.add_index(WORKLOAD_BY_ID, _workload_id)
         registry = self.ctx.registry
         reflector_metrics = ReflectorMetrics(registry)
         queue_metrics = QueueMetrics(registry)
@@ -160,8 +172,15 @@ class ControllerManager:
                 label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
                 metrics=reflector_metrics,
             ),
+            Reflector(
+                kube.resource(RESOURCE_CLAIMS),
+                ctx.claims,
+                name="resourceclaims",
+                label_selector=LABEL_WORKLOAD_ID,
+                metrics=reflector_metrics,
+            ),
         ]
-        slices, nodes, nus, nusw, rcts = self.reflectors
+        slices, nodes, nus, nusw, rcts, claims = self.reflectors
         slices.add_handler(
             on_add=self._on_slice, on_update=self._on_slice_update, on_delete=self._on_slice
         )
@@ -178,6 +197,9 @@ class ControllerManager:
             on_add=self._on_template,
             on_update=lambda _o, n: self._on_template(n),
             on_delete=self._on_template,
+        )
+        claims.add_handler(
+            on_add=self._on_claim, on_update=lambda _o, n: self._on_claim(n), on_delete=None
         )
         self.http = HttpServer(registry=registry)
         self.http.add_liveness("reflectors", self._reflectors_alive)
@@ -261,6 +283,17 @@ class ControllerManager:
     def _on_workload(self, obj: JsonDict) -> None:
         meta = obj.get("metadata") or {}
         self.workload_queue.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+    def _on_claim(self, claim: JsonDict) -> None:
+        """A workload's claim was allocated (or changed): its workload checks that it landed on
+        one of its nodes (a stale tag can mislead the scheduler after a move)."""
+        if not ((claim.get("status") or {}).get("allocation")):
+            return
+        meta = claim.get("metadata") or {}
+        wid = (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID)
+        if wid:
+            for key in self.ctx.workloads.index_keys(WORKLOAD_BY_ID, str(wid)):
+                self.workload_queue.add(key)
 
     def _on_template(self, obj: JsonDict) -> None:
         key = _owner_workload_key(obj)

@@ -416,4 +416,14 @@ def _check_workload(
                 "claims may use it"
             )
         reserved = tag
+    if claim_workload and reserved is None:
+        # The scheduler saw the tag, this node's slice no longer (or not yet) carries it: the
+        # workload is being moved (RestartAll) or released. Preparing now would start a
+        # container without its rank; the kubelet retries, and the controller moves the claim
+        # if the node does not come back to the workload.
+        raise ClaimError(
+            f"claim {key}: it belongs to workload {claim_workload} (label {LABEL_WORKLOAD_ID}), "
+            "but its devices are not reserved for that workload on this node at the moment",
+            permanent=False,
+        )
     return reserved

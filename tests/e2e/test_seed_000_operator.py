@@ -1,0 +1,246 @@
+"""seeds/000 (UltraServer Operator) end to end: the workload as written in the seed, the
+Deployment of its Step 2, ranks, deletion, and each failure strategy after a node dies."""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from neuron_dra.common import constants as c
+from neuron_dra.common.commands.sim_walkthrough import Walkthrough, workload_for_sim
+from neuron_dra.common.paths import repo_root
+from neuron_dra.common.testing.simcluster import SimCluster, ultraservers
+from neuron_dra.common.testing.simcluster.topology import node_dns_name
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+NS = "default"
+NAME = "my-training-job"
+RCT = "my-training-job-rct"
+SPECS = repo_root() / "examples" / "specs"
+
+
+def seed_workload(strategy: str | None = None) -> dict[str, Any]:
+    doc = yaml.safe_load((SPECS / "ultraserver-workload.yaml").read_text())
+    out = workload_for_sim(doc, "trn2u.48xlarge")
+    if strategy:
+        out["spec"]["allocationPolicy"]["failureStrategy"] = strategy
+    return out
+
+
+def deployment() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(
+        (SPECS / "ultraserver-training-deployment.yaml").read_text()
+    )
+    return doc
+
+
+def state(sim: SimCluster) -> str | None:
+    w = sim.workload(NAME)
+    return None if w is None else (w.get("status") or {}).get("state")
+
+
+def ranks(walk: Walkthrough, pods: list[dict[str, Any]]) -> dict[int, tuple[str, str, str]]:
+    """rank → (pod uid, node, rank-0 host)."""
+    out = {}
+    for pod in pods:
+        v = walk.view(pod)
+        out[int(v.env["NEURON_GLOBAL_TOPOID"])] = (
+            pod["metadata"]["uid"],
+            v.node,
+            v.env["NEURON_GLOBAL_TOPOID0_HOST"],
+        )
+    return out
+
+
+async def allocated(sim: SimCluster) -> dict[str, Any]:
+    w = await sim.wait_until(
+        lambda: state(sim) == "Allocated" and sim.workload(NAME), "workload Allocated"
+    )
+    assert isinstance(w, dict)
+    return w
+
+
+async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nodes(
+    sim: SimCluster, walk: Walkthrough
+) -> None:
+    await sim.apply(seed_workload())
+    status = (await allocated(sim))["status"]
+    assert status["workloadId"].startswith(NAME)
+    assert status["totalNodesAllocated"] == 8
+    assert sorted(status["allocatedUltraServers"]) == sorted(
+        {n.ultraserver_id for n in sim.nodes if n.ultraserver_id}
+    )
+    datetime.fromisoformat(status["allocationTime"].replace("Z", "+00:00"))
+    rct = sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS)
+    assert rct is not None
+    (owner,) = rct["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == (c.KIND_WORKLOAD, NAME)
+    wid = status["workloadId"]
+    tagged = await sim.wait_until(lambda: walk._tagged(wid), "tags")
+    assert len(tagged) == 8 and all(n.startswith("trn2u-") for n in tagged)
+
+    deploy = await sim.apply(deployment())
+    pods = await walk.running(deploy.pod_names())
+    got = ranks(walk, pods)
+    assert sorted(got) == list(range(8))
+    nodes = [node for _, node, _ in got.values()]
+    assert sorted(nodes) == tagged  # one pod per allocated node
+    # One leader for every rank: rank 0's node, by the address its Node reports.
+    assert {host for _, _, host in got.values()} == {node_dns_name(got[0][1])}
+    # Ranks follow the units: the 4 nodes of an UltraServer hold 4 consecutive ranks.
+    us_of = {n.name: n.ultraserver_id for n in sim.nodes}
+    assert len({us_of[got[r][1]] for r in range(4)}) == 1
+    assert len({us_of[got[r][1]] for r in range(4, 8)}) == 1
+
+    # A ninth replica finds no node reserved for the workload and waits.
+    assert sim.cp is not None
+    deploy.scale(9)
+    events = await sim.wait_until(
+        lambda: sim.events("my-training-workload-deployment-8", "FailedScheduling"),
+        "ninth pod unschedulable",
+    )
+    assert events[0]["type"] == "Warning"
+
+    # Deleting the workload while its pods run: template, claims and tags go, nodes free.
+    await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, NAME, NS)
+    await sim.wait_until(lambda: sim.workload(NAME) is None, "workload gone")
+    assert sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS) is None
+    await sim.wait_until(lambda: not walk._tagged(wid), "tags cleared")
+    await sim.wait_until(
+        lambda: all(u["status"]["state"] == "Available" for u in sim.ultraservers()),
+        "UltraServers Available",
+    )
+    await sim.wait_until(
+        lambda: (
+            not [
+                x
+                for x in sim.claims(NS)
+                if x["metadata"].get("labels", {}).get(c.LABEL_WORKLOAD_ID) == wid
+            ]
+        ),
+        "the workload's claims deleted",
+    )
+
+
+async def test_walkthrough_operator_step_passes(walk: Walkthrough) -> None:
+    await walk.operator()
+    assert "FAILED" not in walk.out.getvalue()  # type: ignore[attr-defined]
+
+
+# --- failure strategies: three UltraServers, so one is spare ---------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def spare_cluster() -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
+    async with SimCluster(ultraservers(3)) as sim:
+        yield sim, Walkthrough(sim, io.StringIO())
+
+
+async def run_and_fail(
+    sim: SimCluster, walk: Walkthrough, strategy: str
+) -> tuple[dict[int, tuple[str, str, str]], str, str]:
+    """Allocate the seed workload with ``strategy``, run the Deployment, kill rank 5's node.
+    Returns (ranks before, the failed node, its UltraServer)."""
+    await sim.apply(seed_workload(strategy))
+    await allocated(sim)
+    deploy = await sim.apply(deployment())
+    before = ranks(walk, await walk.running(deploy.pod_names()))
+    failed = before[5][1]
+    await sim.fail_node(failed)
+    us = next(n.ultraserver_id for n in sim.nodes if n.name == failed)
+    assert us is not None
+    return before, failed, us
+
+
+def conditions(sim: SimCluster) -> dict[str, dict[str, Any]]:
+    w = sim.workload(NAME) or {}
+    return {x["type"]: x for x in (w.get("status") or {}).get("conditions") or []}
+
+
+async def test_noop_reports_and_moves_nothing(
+    spare_cluster: tuple[SimCluster, Walkthrough],
+) -> None:
+    sim, walk = spare_cluster
+    before, failed, _ = await run_and_fail(sim, walk, "NoOp")
+    await sim.wait_until(lambda: state(sim) == "PartiallyAllocated", "PartiallyAllocated")
+    degraded = conditions(sim)["Degraded"]
+    assert degraded["status"] == "True" and failed in degraded["message"]
+    (event,) = await sim.wait_until(lambda: sim.events(NAME, "NodeFailure"), "NodeFailure")
+    assert event["type"] == "Warning" and "NoOp" in event["note"]
+    # Nothing moved: the same 8 pods on the same nodes; the spare stays free.
+    pods = [p for p in sim.pods(NS)]
+    assert sorted(p["metadata"]["uid"] for p in pods) == sorted(u for u, _, _ in before.values())
+    spare = [u for u in sim.ultraservers() if u["status"]["state"] == "Available"]
+    assert len(spare) == 1
+
+
+async def test_restart_all_reallocates_everything_and_restarts_every_pod(
+    spare_cluster: tuple[SimCluster, Walkthrough],
+) -> None:
+    sim, walk = spare_cluster
+    before, failed, failed_us = await run_and_fail(sim, walk, "RestartAll")
+    old = {u for u, _, _ in before.values()}
+
+    def restarted() -> list[dict[str, Any]] | None:
+        pods = sim.running([f"my-training-workload-deployment-{i}" for i in range(8)])
+        if pods and not ({p["metadata"]["uid"] for p in pods} & old) and state(sim) == "Allocated":
+            return pods
+        return None
+
+    pods = await sim.wait_until(restarted, "8 new pods Running after RestartAll")
+    after = ranks(walk, pods)
+    assert sorted(after) == list(range(8))
+    nodes = {node for _, node, _ in after.values()}
+    assert failed not in nodes
+    status = sim.workload(NAME)["status"]  # type: ignore[index]
+    assert failed_us not in status["allocatedUltraServers"]
+    assert status["totalNodesAllocated"] == 8
+    await sim.wait_until(lambda: sim.events(NAME, "NodeFailure"), "NodeFailure event")
+
+
+async def test_replace_affected_swaps_the_failed_unit_and_restarts_only_its_pods(
+    spare_cluster: tuple[SimCluster, Walkthrough],
+) -> None:
+    sim, walk = spare_cluster
+    before, _, failed_us = await run_and_fail(sim, walk, "ReplaceAffected")
+    us_of = {n.name: n.ultraserver_id for n in sim.nodes}
+    affected = {r for r, (_, node, _) in before.items() if us_of[node] == failed_us}
+    assert affected == {4, 5, 6, 7}
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = sim.running([f"my-training-workload-deployment-{i}" for i in range(8)])
+        if not pods or state(sim) != "Allocated":
+            return None
+        now = ranks(walk, pods)
+        moved = {r for r in now if r in before and now[r][0] != before[r][0]}
+        return pods if sorted(now) == list(range(8)) and moved == affected else None
+
+    after = ranks(walk, await sim.wait_until(replaced, "the failed unit's pods replaced"))
+    for r in range(4):
+        assert after[r] == before[r]  # untouched: same pod, node and leader
+    new_us = {us_of[after[r][1]] for r in affected}
+    assert len(new_us) == 1 and failed_us not in new_us
+    assert all(after[r][2] == node_dns_name(before[0][1]) for r in range(8))  # rank 0 stayed
+    status = sim.workload(NAME)["status"]  # type: ignore[index]
+    assert failed_us not in status["allocatedUltraServers"]
+    await sim.wait_until(lambda: sim.events(NAME, "UnitsReplaced"), "UnitsReplaced event")
+
+
+async def test_seed_workload_file_is_the_seed_as_written() -> None:
+    doc = yaml.safe_load((SPECS / "ultraserver-workload.yaml").read_text())
+    assert doc["spec"] == {
+        "instanceType": "<trn3pds instance type>",
+        "topologySize": 4,
+        "serverCount": 2,
+        "allocationPolicy": {"failureStrategy": "NoOp"},
+        "resourceClaimTemplate": {"name": RCT},
+    }
+    filled = workload_for_sim(copy.deepcopy(doc), "trn2u.48xlarge")
+    assert filled["spec"]["instanceType"] == "trn2u.48xlarge"
