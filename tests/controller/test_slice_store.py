@@ -22,9 +22,9 @@ from neuron_dra.nodeplugin.discovery.model import (
 from neuron_dra.nodeplugin.slices import build_resource_slices
 
 
-def slices_of(node_id: int, *, unhealthy: tuple[int, ...] = (), tag: str | None = None) -> list[
-    dict[str, Any]
-]:
+def slices_of(
+    node_id: int, *, unhealthy: tuple[int, ...] = (), tag: str | None = None
+) -> list[dict[str, Any]]:
     profile = PROFILES["trn2u.48xlarge"]
     name = f"n{node_id}"
     inventory = NodeInventory(
@@ -71,8 +71,9 @@ def test_slim_slice_keeps_what_the_controller_reads() -> None:
     before = copy.deepcopy(full)
     slim = [slim_slice(s) for s in full]
     assert full == before  # the input is not modified
-    nodes = {f"n{i}": {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-             for i in range(4)}
+    nodes = {
+        f"n{i}": {"status": {"conditions": [{"type": "Ready", "status": "True"}]}} for i in range(4)
+    }
     assert group_ultraservers(slim, nodes) == group_ultraservers(full, nodes)
     for f, s in zip(full, slim, strict=True):
         assert slice_ultraserver_id(s) == slice_ultraserver_id(f)

@@ -100,9 +100,15 @@ class StepClock:
 # The cluster: nodes, slices, UltraServers
 
 
-def inventory(node: str, instance_type: str, *, us_id: str, node_id: int,
-              modes: tuple[UltraServerMode, ...] = MODES_ALL,
-              unhealthy: Iterable[int] = ()) -> NodeInventory:
+def inventory(
+    node: str,
+    instance_type: str,
+    *,
+    us_id: str,
+    node_id: int,
+    modes: tuple[UltraServerMode, ...] = MODES_ALL,
+    unhealthy: Iterable[int] = (),
+) -> NodeInventory:
     bad = set(unhealthy)
     return NodeInventory(
         node_name=node,
@@ -125,40 +131,52 @@ class Cluster:
         self.node_uids: dict[str, str] = {}
         self.generation = 0
 
-    def add_ultraserver(self, name: str, *, instance_type: str = IT,
-                        modes: tuple[UltraServerMode, ...] = MODES_ALL) -> list[str]:
+    def add_ultraserver(
+        self, name: str, *, instance_type: str = IT, modes: tuple[UltraServerMode, ...] = MODES_ALL
+    ) -> list[str]:
         us_id = f"{abs(hash(name)) % 16**16:016x}"
         nodes = [f"{name}-n{i}" for i in range(4)]
         for i, node in enumerate(nodes):
-            created = self.server.create({
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": node, "labels": {LABEL_CAPACITY_BLOCK_ID: name}},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-            })
+            created = self.server.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": node, "labels": {LABEL_CAPACITY_BLOCK_ID: name}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                }
+            )
             self.node_uids[node] = created["metadata"]["uid"]
             self.set_ready(node, True)
             self.inventories[node] = inventory(
                 node, instance_type, us_id=us_id, node_id=i, modes=modes
             )
             self._publish(node, {})
-        self.server.create({
-            "apiVersion": WORKLOADS_API,
-            "kind": "NeuronUltraServer",
-            "metadata": {"name": name, "namespace": DRIVER_NAMESPACE},
-            "spec": {
-                "instanceType": instance_type,
-                "topology": [{"nodeName": n, "nodeId": i} for i, n in enumerate(nodes)],
-            },
-        })
+        self.server.create(
+            {
+                "apiVersion": WORKLOADS_API,
+                "kind": "NeuronUltraServer",
+                "metadata": {"name": name, "namespace": DRIVER_NAMESPACE},
+                "spec": {
+                    "instanceType": instance_type,
+                    "topology": [{"nodeName": n, "nodeId": i} for i, n in enumerate(nodes)],
+                },
+            }
+        )
         return nodes
 
     def set_ready(self, node: str, ready: bool) -> None:
         obj = self.server.get("v1", "Node", node)
         assert obj is not None
-        obj["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                                         "reason": "KubeletReady" if ready else "NodeStatusUnknown",
-                                         "message": "test"}]}
+        obj["status"] = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+                    "message": "test",
+                }
+            ]
+        }
         self.server.update_status(obj)
 
     def set_link(self, us: str, node: str, status: str) -> None:
@@ -200,7 +218,10 @@ class Cluster:
         us = inv.ultraserver
         assert us is not None and us.server_id_4 is not None and us.node_id_4 is not None
         self.inventories[node] = inventory(
-            node, str(inv.instance_type), us_id=us.server_id_4, node_id=us.node_id_4,
+            node,
+            str(inv.instance_type),
+            us_id=us.server_id_4,
+            node_id=us.node_id_4,
             unhealthy=devices,
         )
         self.publish_tags()
@@ -212,8 +233,10 @@ class Cluster:
         for node in self.inventories:
             if node in set(dead):
                 continue
-            if not any(s["spec"].get("nodeName") == node
-                       for s in self.server.list("resource.k8s.io/v1", "ResourceSlice")):
+            if not any(
+                s["spec"].get("nodeName") == node
+                for s in self.server.list("resource.k8s.io/v1", "ResourceSlice")
+            ):
                 continue  # the node's plugin is gone
             live = [r for r in node_reservations(nus_objects, node) if r.phase != "Releasing"]
             assert len(live) <= 1, f"{node} double-booked: {live}"
@@ -253,14 +276,25 @@ class Cluster:
         return self.server.list("resource.k8s.io/v1", "ResourceClaimTemplate", ns)
 
     def events(self, ns: str = NS, reason: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in self.server.list("events.k8s.io/v1", "Event", ns)
-                if reason is None or e["reason"] == reason]
+        return [
+            e
+            for e in self.server.list("events.k8s.io/v1", "Event", ns)
+            if reason is None or e["reason"] == reason
+        ]
 
     # -- workloads, claims, pods ----------------------------------------------------------
 
-    def create_workload(self, name: str, *, size: int, count: int, ns: str = NS,
-                        strategy: str = "NoOp", instance_type: str = IT,
-                        template: str | None = None) -> dict[str, Any]:
+    def create_workload(
+        self,
+        name: str,
+        *,
+        size: int,
+        count: int,
+        ns: str = NS,
+        strategy: str = "NoOp",
+        instance_type: str = IT,
+        template: str | None = None,
+    ) -> dict[str, Any]:
         spec: dict[str, Any] = {
             "instanceType": instance_type,
             "topologySize": size,
@@ -269,39 +303,65 @@ class Cluster:
         }
         if template:
             spec["resourceClaimTemplate"] = {"name": template}
-        return self.server.create({
-            "apiVersion": WORKLOADS_API,
-            "kind": "NeuronUltraServerWorkload",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": spec,
-        })
+        return self.server.create(
+            {
+                "apiVersion": WORKLOADS_API,
+                "kind": "NeuronUltraServerWorkload",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": spec,
+            }
+        )
 
     def create_claim_with_pod(self, name: str, wid: str, node: str, ns: str = NS) -> None:
-        pod = self.server.create({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"{name}-pod", "namespace": ns},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
-        })
-        claim = self.server.create({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns, "labels": {LABEL_WORKLOAD_ID: wid}},
-            "spec": {"devices": {"requests": [{"name": "neuron-node", "exactly": {
-                "deviceClassName": "ultraserver.neuron.aws.com"}}]}},
-        })
+        pod = self.server.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{name}-pod", "namespace": ns},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            }
+        )
+        claim = self.server.create(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": ns, "labels": {LABEL_WORKLOAD_ID: wid}},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "neuron-node",
+                                "exactly": {"deviceClassName": "ultraserver.neuron.aws.com"},
+                            }
+                        ]
+                    }
+                },
+            }
+        )
         claim["status"] = {
-            "allocation": {"devices": {"results": [{
-                "request": "neuron-node", "driver": "neuron.aws.com", "pool": node,
-                "device": "neuronnode"}]}},
-            "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"],
-                             "uid": pod["metadata"]["uid"]}],
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "neuron-node",
+                            "driver": "neuron.aws.com",
+                            "pool": node,
+                            "device": "neuronnode",
+                        }
+                    ]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+            ],
         }
         self.server.update_status(claim)
 
     def claims(self, ns: str = NS) -> set[str]:
-        return {c["metadata"]["name"]
-                for c in self.server.list("resource.k8s.io/v1", "ResourceClaim", ns)}
+        return {
+            c["metadata"]["name"]
+            for c in self.server.list("resource.k8s.io/v1", "ResourceClaim", ns)
+        }
 
     def pods(self, ns: str = NS) -> set[str]:
         return {p["metadata"]["name"] for p in self.server.list("v1", "Pod", ns)}
@@ -309,7 +369,8 @@ class Cluster:
     def writes(self) -> int:
         """API writes so far, Events excluded (they are best-effort side notes)."""
         return sum(
-            c for (verb, res), c in self.server.request_counts.items()
+            c
+            for (verb, res), c in self.server.request_counts.items()
             if verb in ("create", "update", "patch", "delete") and not res.startswith("events")
         )
 
@@ -326,8 +387,12 @@ class Controller:
         self.clock = StepClock()
         self.ctx = ControllerContext(
             kube=self.kube,
-            events=EventRecorder(self.kube, reporting_instance="test",
-                                 reporting_controller=REPORTING_CONTROLLER, clock=self.clock),
+            events=EventRecorder(
+                self.kube,
+                reporting_instance="test",
+                reporting_controller=REPORTING_CONTROLLER,
+                clock=self.clock,
+            ),
             clock=self.clock,
         )
         metrics = ReflectorMetrics(CollectorRegistry())
@@ -335,24 +400,42 @@ class Controller:
         for api, store, kind_api, kind, ns in (
             (RESOURCE_SLICES, self.ctx.slices, "resource.k8s.io/v1", "ResourceSlice", None),
             (NODES, self.ctx.nodes, "v1", "Node", None),
-            (NEURON_ULTRASERVERS, self.ctx.ultraservers, WORKLOADS_API, "NeuronUltraServer",
-             DRIVER_NAMESPACE),
-            (NEURON_ULTRASERVER_WORKLOADS, self.ctx.workloads, WORKLOADS_API,
-             "NeuronUltraServerWorkload", workload_namespace),
-            (RESOURCE_CLAIM_TEMPLATES, self.ctx.templates, "resource.k8s.io/v1",
-             "ResourceClaimTemplate", None),
+            (
+                NEURON_ULTRASERVERS,
+                self.ctx.ultraservers,
+                WORKLOADS_API,
+                "NeuronUltraServer",
+                DRIVER_NAMESPACE,
+            ),
+            (
+                NEURON_ULTRASERVER_WORKLOADS,
+                self.ctx.workloads,
+                WORKLOADS_API,
+                "NeuronUltraServerWorkload",
+                workload_namespace,
+            ),
+            (
+                RESOURCE_CLAIM_TEMPLATES,
+                self.ctx.templates,
+                "resource.k8s.io/v1",
+                "ResourceClaimTemplate",
+                None,
+            ),
         ):
-            r = Reflector(self.kube.resource(api), store, namespace=ns, metrics=metrics,
-                          min_watch_duration=0.0)
+            r = Reflector(
+                self.kube.resource(api),
+                store,
+                namespace=ns,
+                metrics=metrics,
+                min_watch_duration=0.0,
+            )
             self.sources.append((r, kind_api, kind, ns))
         self.reconciler = WorkloadReconciler(self.ctx, tag_poll=0.5, tag_clear_timeout=60.0)
 
     async def start(self) -> Controller:
         for r, *_ in self.sources:
             r.start()
-        await asyncio.wait_for(
-            asyncio.gather(*(r.wait_synced() for r, *_ in self.sources)), WAIT
-        )
+        await asyncio.wait_for(asyncio.gather(*(r.wait_synced() for r, *_ in self.sources)), WAIT)
         return self
 
     async def stop(self) -> None:
@@ -362,13 +445,15 @@ class Controller:
 
     def _current(self, store: Store, kind_api: str, kind: str, ns: str | None) -> bool:
         want = {
-            (o["metadata"].get("namespace", ""), o["metadata"]["name"]):
-                o["metadata"]["resourceVersion"]
+            (o["metadata"].get("namespace", ""), o["metadata"]["name"]): o["metadata"][
+                "resourceVersion"
+            ]
             for o in self.server.list(kind_api, kind, ns)
         }
         have = {
-            (o["metadata"].get("namespace", ""), o["metadata"]["name"]):
-                o["metadata"]["resourceVersion"]
+            (o["metadata"].get("namespace", ""), o["metadata"]["name"]): o["metadata"][
+                "resourceVersion"
+            ]
             for o in store.list()
         }
         return want == have
@@ -379,8 +464,9 @@ class Controller:
             if not only(kind):
                 continue
 
-            def current(r: Reflector = r, a: str = kind_api, k: str = kind,
-                        n: str | None = ns) -> bool:
+            def current(
+                r: Reflector = r, a: str = kind_api, k: str = kind, n: str | None = ns
+            ) -> bool:
                 return self._current(r.store, a, k, n)
 
             await asyncio.wait_for(r.wait_until(current), WAIT)
@@ -454,16 +540,25 @@ def test_status_allocation_time_is_stamped_once() -> None:
     s2 = desired_workload_status(s1, up, now + timedelta(hours=1), 1)
     assert s1["allocationTime"] == s2["allocationTime"] == "2026-01-01T00:00:00Z"
     degraded = StatusUpdate(PARTIALLY_ALLOCATED, "w-1", (), allocated=True)
-    assert desired_workload_status(s2, degraded, now + timedelta(hours=2), 1)[
-        "allocationTime"] == "2026-01-01T00:00:00Z"
+    assert (
+        desired_workload_status(s2, degraded, now + timedelta(hours=2), 1)["allocationTime"]
+        == "2026-01-01T00:00:00Z"
+    )
     pending = StatusUpdate(PENDING, "w-1", (), (), 0, allocated=False)
     assert "allocationTime" not in desired_workload_status(s2, pending, now, 1)
 
 
 def test_split_holdings_drops_foreign_duplicate_and_out_of_range_entries() -> None:
     def held(us: str, index: int, wid: str = "w-1") -> Held:
-        return Held(us, {"workloadRef": "ns/w", "workloadId": wid, "ultraserverIndex": index,
-                         "allocatedNodes": [f"{us}-n0"]})
+        return Held(
+            us,
+            {
+                "workloadRef": "ns/w",
+                "workloadId": wid,
+                "ultraserverIndex": index,
+                "allocatedNodes": [f"{us}-n0"],
+            },
+        )
 
     usable, surplus = split_holdings(
         [held("a", 0), held("b", 0), held("c", 1, "w-old"), held("d", 5), held("e", 1)], "w-1", 2
@@ -473,15 +568,40 @@ def test_split_holdings_drops_foreign_duplicate_and_out_of_range_entries() -> No
 
 
 def test_validator_profile_wins_over_degraded_modes_and_unknown_types_use_slices() -> None:
-    nus = [{"metadata": {"name": "x"}, "spec": {"instanceType": "trn9.new",
-                                                "topology": [{"nodeName": "n0", "nodeId": 0}]}},
-           {"metadata": {"name": "y"}, "spec": {"instanceType": IT,
-                                                "topology": [{"nodeName": "m0", "nodeId": 0}]}}]
-    slices = {"n0": [{"spec": {"devices": [{"name": "neuronnode", "attributes": {
-        "ultraserverModes": {"string": "1_4"}}}]}}],
-              # A trn2u node whose links are down reports single-node mode only.
-              "m0": [{"spec": {"devices": [{"name": "neuronnode", "attributes": {
-                  "ultraserverModes": {"string": "1"}}}]}}]}
+    nus = [
+        {
+            "metadata": {"name": "x"},
+            "spec": {"instanceType": "trn9.new", "topology": [{"nodeName": "n0", "nodeId": 0}]},
+        },
+        {
+            "metadata": {"name": "y"},
+            "spec": {"instanceType": IT, "topology": [{"nodeName": "m0", "nodeId": 0}]},
+        },
+    ]
+    slices = {
+        "n0": [
+            {
+                "spec": {
+                    "devices": [
+                        {
+                            "name": "neuronnode",
+                            "attributes": {"ultraserverModes": {"string": "1_4"}},
+                        }
+                    ]
+                }
+            }
+        ],
+        # A trn2u node whose links are down reports single-node mode only.
+        "m0": [
+            {
+                "spec": {
+                    "devices": [
+                        {"name": "neuronnode", "attributes": {"ultraserverModes": {"string": "1"}}}
+                    ]
+                }
+            }
+        ],
+    }
     validate = Validator(nus, lambda n: slices.get(n, []))
 
     def w(it: str, size: int) -> dict[str, Any]:
@@ -502,8 +622,9 @@ def test_validator_profile_wins_over_degraded_modes_and_unknown_types_use_slices
 async def test_seed_example_allocates_two_ultraservers(ctl: Controller, cluster: Cluster) -> None:
     for us in ("us-a", "us-b", "us-c", "us-d"):
         cluster.add_ultraserver(us)
-    obj = cluster.create_workload("my-training-job", size=4, count=2,
-                                  template="my-training-job-rct")
+    obj = cluster.create_workload(
+        "my-training-job", size=4, count=2, template="my-training-job-rct"
+    )
     key = f"{NS}/my-training-job"
     await ctl.converge(key)
 
@@ -527,7 +648,10 @@ async def test_seed_example_allocates_two_ultraservers(ctl: Controller, cluster:
     assert template["metadata"]["name"] == "my-training-job-rct"
     (owner,) = template["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == (
-        "NeuronUltraServerWorkload", obj["metadata"]["uid"], True)
+        "NeuronUltraServerWorkload",
+        obj["metadata"]["uid"],
+        True,
+    )
 
     entries = cluster.entries(key)
     assert sorted((us, e["ultraserverIndex"]) for us, e in entries) == [("us-a", 0), ("us-b", 1)]
@@ -540,8 +664,11 @@ async def test_seed_example_allocates_two_ultraservers(ctl: Controller, cluster:
     cluster.assert_no_double_booking()
 
     nus_objects = cluster.all_nus()
-    ranks = {n: node_reservations(nus_objects, n)[0].rank
-             for us in ("us-a", "us-b") for n in (f"{us}-n{i}" for i in range(4))}
+    ranks = {
+        n: node_reservations(nus_objects, n)[0].rank
+        for us in ("us-a", "us-b")
+        for n in (f"{us}-n{i}" for i in range(4))
+    }
     assert sorted(ranks.values()) == list(range(8))
     assert ranks["us-a-n0"] == 0 and ranks["us-b-n3"] == 7
     (event,) = cluster.events(reason="Allocated")
@@ -651,8 +778,9 @@ async def test_unknown_type_pending_and_unsupported_size_failed(
     ctl: Controller, cluster: Cluster
 ) -> None:
     cluster.add_ultraserver("us-a")
-    cluster.add_ultraserver("us-x", instance_type="trn9.new",
-                            modes=(UltraServerMode.X4, UltraServerMode.X1))
+    cluster.add_ultraserver(
+        "us-x", instance_type="trn9.new", modes=(UltraServerMode.X4, UltraServerMode.X1)
+    )
     cluster.create_workload("typo", size=4, count=1, instance_type="trn2u.48xlarg")
     cluster.create_workload("pairs", size=2, count=1, instance_type="trn9.new")
     await ctl.converge(f"{NS}/typo", f"{NS}/pairs")
@@ -743,10 +871,16 @@ async def test_deletion_does_not_wait_for_nodes_that_cannot_answer(
     cluster.publish_tags(dead=["us-a-n2"])
     assert await ctl.reconcile(f"{NS}/job") is None
     assert cluster.workload("job") is None and cluster.entries() == []
-    stale = [s for s in cluster.server.list("resource.k8s.io/v1", "ResourceSlice")
-             if s["spec"]["nodeName"] == "us-a-n2"]
-    assert any(d["attributes"].get("workloadId", {}).get("string") == wid
-               for s in stale for d in s["spec"]["devices"]), "n2 was not waited for"
+    stale = [
+        s
+        for s in cluster.server.list("resource.k8s.io/v1", "ResourceSlice")
+        if s["spec"]["nodeName"] == "us-a-n2"
+    ]
+    assert any(
+        d["attributes"].get("workloadId", {}).get("string") == wid
+        for s in stale
+        for d in s["spec"]["devices"]
+    ), "n2 was not waited for"
 
 
 async def test_deletion_gives_up_waiting_after_timeout(ctl: Controller, cluster: Cluster) -> None:
@@ -845,9 +979,7 @@ async def test_restart_all_releases_restarts_and_reallocates(
     assert len(cluster.templates()) == 1
 
 
-async def test_restart_all_goes_pending_without_capacity(
-    ctl: Controller, cluster: Cluster
-) -> None:
+async def test_restart_all_goes_pending_without_capacity(ctl: Controller, cluster: Cluster) -> None:
     cluster.add_ultraserver("us-a")
     await allocate(ctl, cluster, "job", size=4, count=1, strategy="RestartAll")
     cluster.set_ready("us-a-n3", False)
@@ -925,8 +1057,9 @@ async def test_split_brain_controllers_never_double_book(fake_apiserver: FakeAPI
     try:
         await one.catch_up()
         await two.catch_up()
-        await asyncio.gather(one.reconciler.reconcile("team-a/a"),
-                             two.reconciler.reconcile("team-b/b"))
+        await asyncio.gather(
+            one.reconciler.reconcile("team-a/a"), two.reconciler.reconcile("team-b/b")
+        )
         await asyncio.gather(one.converge("team-a/a"), two.converge("team-b/b"))
         states = sorted(str(state(cluster, n, ns)) for n, ns in (("a", "team-a"), ("b", "team-b")))
         assert states == [ALLOCATED, PENDING]
@@ -944,8 +1077,7 @@ async def test_stale_cache_loses_the_race_at_the_guarded_write(
     does not see the first workload at all); the RV-guarded write re-checks on the fresh
     object and refuses."""
     cluster = Cluster(fake_apiserver)
-    fake_apiserver.create({"apiVersion": "v1", "kind": "Namespace",
-                           "metadata": {"name": "team-b"}})
+    fake_apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
     cluster.add_ultraserver("us-a")
     cluster.create_workload("a", size=4, count=1)
     cluster.create_workload("b", size=4, count=1, ns="team-b")
@@ -981,14 +1113,24 @@ async def test_write_that_loses_on_resource_version_rechecks_and_stops(
     competing = {"done": False}
 
     def other_replica_writes_first(req: RequestInfo) -> bool:
-        if (req.verb, req.resource, req.subresource) == ("update", "neuronultraservers",
-                                                         "status") and not competing["done"]:
+        if (req.verb, req.resource, req.subresource) == (
+            "update",
+            "neuronultraservers",
+            "status",
+        ) and not competing["done"]:
             competing["done"] = True
             nus = cluster.nus("us-a")
-            nus.setdefault("status", {})["allocations"] = [{
-                "workloadRef": "other/a", "workloadId": "a-12345678", "nodeCount": 4,
-                "allocatedNodes": [f"us-a-n{i}" for i in range(4)], "ultraserverIndex": 0,
-                "leaderNodeName": "us-a-n0", "phase": "Reserved"}]
+            nus.setdefault("status", {})["allocations"] = [
+                {
+                    "workloadRef": "other/a",
+                    "workloadId": "a-12345678",
+                    "nodeCount": 4,
+                    "allocatedNodes": [f"us-a-n{i}" for i in range(4)],
+                    "ultraserverIndex": 0,
+                    "leaderNodeName": "us-a-n0",
+                    "phase": "Reserved",
+                }
+            ]
             server.update_status(nus)
         return False
 
@@ -1015,8 +1157,9 @@ async def test_same_workload_on_two_replicas_gets_one_allocation(
     try:
         await one.catch_up()
         await two.catch_up()
-        await asyncio.gather(*(c.reconciler.reconcile(f"{NS}/job") for c in (one, two)),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(c.reconciler.reconcile(f"{NS}/job") for c in (one, two)), return_exceptions=True
+        )
         for _ in range(3):
             await one.converge(f"{NS}/job")
             await two.converge(f"{NS}/job")
@@ -1035,7 +1178,10 @@ async def test_same_workload_on_two_replicas_gets_one_allocation(
 
 def allocation_write(req: RequestInfo) -> bool:
     return req.is_write and req.resource in (
-        "neuronultraservers", "neuronultraserverworkloads", "resourceclaimtemplates")
+        "neuronultraservers",
+        "neuronultraserverworkloads",
+        "resourceclaimtemplates",
+    )
 
 
 async def count_allocation_writes(server: FakeAPIServer) -> int:
@@ -1116,7 +1262,8 @@ async def test_interrupted_allocation_is_rolled_back_when_it_cannot_complete(
     cluster.create_workload("job", size=4, count=2)
     # The response to the first entry write is lost: us-a's entry exists, us-b's not.
     fake_apiserver.faults.fail_next_write(
-        lambda r: r.resource == "neuronultraservers", after_commit=True)
+        lambda r: r.resource == "neuronultraservers", after_commit=True
+    )
     first = await Controller(fake_apiserver).start()
     try:
         with pytest.raises(KubeError):

@@ -120,8 +120,24 @@ NUS_BY_WORKLOAD: Final = "workloads/by-workload-ref"
 #: Histogram buckets (seconds) for reconcile and decision times: fine below 100 ms, where the
 #: targets are (issue #4: decision p99 < 50 ms).
 _LATENCY_BUCKETS: Final = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 
@@ -387,12 +403,7 @@ def _attr(device: Mapping[str, Any], name: str) -> Any:
 
 
 def _devices(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [
-        d
-        for s in slices
-        for d in (_spec(s).get("devices") or [])
-        if isinstance(d, Mapping)
-    ]
+    return [d for s in slices for d in (_spec(s).get("devices") or []) if isinstance(d, Mapping)]
 
 
 def node_ready(node: Mapping[str, Any] | None) -> bool:
@@ -515,9 +526,7 @@ class Validator:
             known = profile is not None and profile.ultraserver_node_counts
             # A profiled type never reads the objects: skip listing them.
             objects = () if known else self._objects()
-            self._sizes[instance_type] = supported_sizes(
-                instance_type, objects, self._slices_of
-            )
+            self._sizes[instance_type] = supported_sizes(instance_type, objects, self._slices_of)
         return self._sizes[instance_type]
 
     def __call__(self, workload: Mapping[str, Any]) -> Verdict:
@@ -700,9 +709,7 @@ class WorkloadReconciler:
 
     def _caches_synced(self) -> bool:
         ctx = self.ctx
-        return all(
-            s.has_synced() for s in (ctx.slices, ctx.nodes, ctx.ultraservers, ctx.workloads)
-        )
+        return all(s.has_synced() for s in (ctx.slices, ctx.nodes, ctx.ultraservers, ctx.workloads))
 
     def _refresh_health(self) -> None:
         """Forget what was remembered about nodes whose Node or slices changed."""
@@ -900,8 +907,10 @@ class WorkloadReconciler:
                 StatusUpdate(
                     verdict.state,
                     wid,
-                    (Cond(COND_ALLOCATED, False, verdict.reason, verdict.message),
-                     Cond(COND_READY, False, verdict.reason, "not allocated")),
+                    (
+                        Cond(COND_ALLOCATED, False, verdict.reason, verdict.message),
+                        Cond(COND_READY, False, verdict.reason, "not allocated"),
+                    ),
                     ultraservers=(),
                     total_nodes=0,
                     allocated=False,
@@ -917,8 +926,10 @@ class WorkloadReconciler:
                 StatusUpdate(
                     PENDING,
                     wid,
-                    (Cond(COND_ALLOCATED, False, reason, decision.reason),
-                     Cond(COND_READY, False, reason, "not allocated")),
+                    (
+                        Cond(COND_ALLOCATED, False, reason, decision.reason),
+                        Cond(COND_READY, False, reason, "not allocated"),
+                    ),
                     ultraservers=(),
                     total_nodes=0,
                     allocated=False,
@@ -933,8 +944,10 @@ class WorkloadReconciler:
             StatusUpdate(
                 ALLOCATING,
                 wid,
-                (Cond(COND_ALLOCATED, False, "Allocating", decision.reason),
-                 Cond(COND_READY, False, "Allocating", "reserving nodes")),
+                (
+                    Cond(COND_ALLOCATED, False, "Allocating", decision.reason),
+                    Cond(COND_READY, False, "Allocating", "reserving nodes"),
+                ),
             ),
         )
         await self._write_entries(obj, wid, decision.units, decision.units[0])
@@ -1101,7 +1114,9 @@ class WorkloadReconciler:
         moved = await self._delete_claims(obj, wid, on_nodes=stray)
         if moved:
             await self._event(
-                obj, EventType.WARNING, "ClaimsMoved",
+                obj,
+                EventType.WARNING,
+                "ClaimsMoved",
                 f"claims {', '.join(moved)} were allocated on {', '.join(sorted(stray))}, which "
                 "no longer belong to the workload (stale workloadId tag); deleted them and "
                 "their pods so they are scheduled onto the workload's nodes",
@@ -1109,7 +1124,9 @@ class WorkloadReconciler:
 
     def _complete(self, obj: JsonDict, held: list[Held]) -> tuple[Unit, ...] | None:
         return allocator.plan_replacement_on(
-            self._sync_fleet(), allocator.request_from(obj), keep=[h.unit for h in held],
+            self._sync_fleet(),
+            allocator.request_from(obj),
+            keep=[h.unit for h in held],
             failed=[],
         )
 
@@ -1132,7 +1149,9 @@ class WorkloadReconciler:
 
         if strategy == RESTART_ALL:
             await self._event(
-                obj, EventType.WARNING, "NodeFailure",
+                obj,
+                EventType.WARNING,
+                "NodeFailure",
                 f"{what}; RestartAll: releasing every unit, deleting the workload's claims and "
                 "allocating again",
             )
@@ -1143,8 +1162,10 @@ class WorkloadReconciler:
                 StatusUpdate(
                     PENDING,
                     wid,
-                    (Cond(COND_ALLOCATED, False, "Restarting", f"restarting after: {what}"),
-                     Cond(COND_READY, False, "Restarting", "all units released")),
+                    (
+                        Cond(COND_ALLOCATED, False, "Restarting", f"restarting after: {what}"),
+                        Cond(COND_READY, False, "Restarting", "all units released"),
+                    ),
                     ultraservers=(),
                     total_nodes=0,
                     allocated=False,
@@ -1155,7 +1176,9 @@ class WorkloadReconciler:
         if strategy == REPLACE_AFFECTED:
             keep = [h for h in held if h not in failed]
             units = allocator.plan_replacement_on(
-                self._sync_fleet(), allocator.request_from(obj), keep=[h.unit for h in keep],
+                self._sync_fleet(),
+                allocator.request_from(obj),
+                keep=[h.unit for h in keep],
                 failed=[h.unit for h in failed],
             )
             if units is not None:
@@ -1176,7 +1199,9 @@ class WorkloadReconciler:
                     if u.index not in kept
                 )
                 await self._event(
-                    obj, EventType.WARNING, "UnitsReplaced",
+                    obj,
+                    EventType.WARNING,
+                    "UnitsReplaced",
                     f"{what}; replaced {replaced}; deleted claims {', '.join(evicted) or 'none'}",
                 )
                 return await self._finish(obj, wid, list(units), None)
@@ -1190,9 +1215,13 @@ class WorkloadReconciler:
             StatusUpdate(
                 PARTIALLY_ALLOCATED,
                 wid,
-                (Cond(COND_ALLOCATED, True, "Allocated", allocated_message(h.unit for h in held)),
-                 Cond(COND_DEGRADED, True, "NodeFailure", message),
-                 Cond(COND_READY, False, "NodeFailure", message)),
+                (
+                    Cond(
+                        COND_ALLOCATED, True, "Allocated", allocated_message(h.unit for h in held)
+                    ),
+                    Cond(COND_DEGRADED, True, "NodeFailure", message),
+                    Cond(COND_READY, False, "NodeFailure", message),
+                ),
                 ultraservers=tuple(sorted({h.ultraserver for h in held})),
                 total_nodes=sum(len(h.nodes) for h in held),
                 allocated=True,
@@ -1201,7 +1230,6 @@ class WorkloadReconciler:
         )
         log.warning("workload %s degraded: %s", ref, message)
         return ReconcileResult(None)
-
 
     async def _finish(
         self, obj: JsonDict, wid: str, units: list[Unit], granted: str | None
@@ -1219,7 +1247,9 @@ class WorkloadReconciler:
             state = FAILED
         elif untagged:
             ready = Cond(
-                COND_READY, False, "WaitingForNodeTags",
+                COND_READY,
+                False,
+                "WaitingForNodeTags",
                 f"waiting for the node plugins to publish workloadId {wid} on "
                 f"{', '.join(untagged)}",
             )
@@ -1233,9 +1263,11 @@ class WorkloadReconciler:
             StatusUpdate(
                 state,
                 wid,
-                (Cond(COND_ALLOCATED, True, "Allocated", message),
-                 Cond(COND_DEGRADED, False, "Healthy", "all allocated nodes are healthy"),
-                 ready),
+                (
+                    Cond(COND_ALLOCATED, True, "Allocated", message),
+                    Cond(COND_DEGRADED, False, "Healthy", "all allocated nodes are healthy"),
+                    ready,
+                ),
                 ultraservers=ultraservers,
                 total_nodes=len(nodes),
                 allocated=True if conflict is None else None,
@@ -1243,8 +1275,11 @@ class WorkloadReconciler:
             event=(
                 (EventType.WARNING, "TemplateConflict", conflict)
                 if conflict is not None
-                else (EventType.NORMAL, "Allocated",
-                      f"allocated UltraServers {', '.join(ultraservers)}; {message}")
+                else (
+                    EventType.NORMAL,
+                    "Allocated",
+                    f"allocated UltraServers {', '.join(ultraservers)}; {message}",
+                )
             ),
         )
         if granted:
@@ -1298,13 +1333,18 @@ class WorkloadReconciler:
                 (str(h.entry.get("workloadRef")), h.index, h.workload_id)
             )
         for name, keys in sorted(by_ultraserver.items()):
+
             def mutate(nus: JsonDict, keys: set[tuple[str, int, str]] = keys) -> JsonDict | None:
                 allocations = [dict(e) for e in _status(nus).get("allocations") or []]
                 kept = [
                     e
                     for e in allocations
-                    if (str(e.get("workloadRef")), int(e.get("ultraserverIndex") or 0),
-                        str(e.get("workloadId") or "")) not in keys
+                    if (
+                        str(e.get("workloadRef")),
+                        int(e.get("ultraserverIndex") or 0),
+                        str(e.get("workloadId") or ""),
+                    )
+                    not in keys
                 ]
                 if len(kept) == len(allocations):
                     return None
@@ -1316,13 +1356,17 @@ class WorkloadReconciler:
     async def _mark_releasing(self, entries: Sequence[Held]) -> None:
         ids = {(str(h.entry.get("workloadRef")), h.index, h.workload_id) for h in entries}
         for name in sorted({h.ultraserver for h in entries}):
+
             def mutate(nus: JsonDict) -> JsonDict | None:
                 allocations = []
                 changed = False
                 for existing in _status(nus).get("allocations") or []:
                     e = dict(existing)
-                    k = (str(e.get("workloadRef")), int(e.get("ultraserverIndex") or 0),
-                         str(e.get("workloadId") or ""))
+                    k = (
+                        str(e.get("workloadRef")),
+                        int(e.get("ultraserverIndex") or 0),
+                        str(e.get("workloadId") or ""),
+                    )
                     if k in ids and e.get("phase") != PHASE_RELEASING:
                         e["phase"] = PHASE_RELEASING
                         changed = True
@@ -1363,8 +1407,10 @@ class WorkloadReconciler:
             StatusUpdate(
                 DEALLOCATING,
                 wid,
-                (Cond(COND_ALLOCATED, False, "Deallocating", "workload is being deleted"),
-                 Cond(COND_READY, False, "Deallocating", "workload is being deleted")),
+                (
+                    Cond(COND_ALLOCATED, False, "Deallocating", "workload is being deleted"),
+                    Cond(COND_READY, False, "Deallocating", "workload is being deleted"),
+                ),
             ),
         )
         if entries:
@@ -1376,7 +1422,9 @@ class WorkloadReconciler:
                     log.info("release of %s waits for tags to clear on %s", key, waiting)
                     return ReconcileResult(self.tag_poll)
                 await self._event(
-                    obj, EventType.WARNING, "TagsNotCleared",
+                    obj,
+                    EventType.WARNING,
+                    "TagsNotCleared",
                     f"gave up waiting after {self.tag_clear_timeout:.0f}s for the node plugins "
                     f"to clear workloadId {wid} on {', '.join(waiting)}; releasing anyway",
                 )
@@ -1403,9 +1451,7 @@ class WorkloadReconciler:
         if not entries:
             return
         try:
-            live = await self.ctx.kube.resource(NEURON_ULTRASERVER_WORKLOADS).get(
-                name, namespace
-            )
+            live = await self.ctx.kube.resource(NEURON_ULTRASERVER_WORKLOADS).get(name, namespace)
         except NotFoundError:
             live = None
         if live is not None:
@@ -1455,14 +1501,19 @@ class WorkloadReconciler:
             # Only our labels drifted: patch them back, guarded so we do not undo a
             # concurrent change.
             await merge_patch(
-                api, name, {"metadata": {"labels": tmeta["labels"]}}, namespace,
+                api,
+                name,
+                {"metadata": {"labels": tmeta["labels"]}},
+                namespace,
                 resource_version=resource_version(existing),
             )
             return None
         # The spec is immutable: a wrong one (or a previous incarnation's) is replaced.
         with contextlib.suppress(NotFoundError):
             await api.delete(
-                name, namespace, uid=str(_meta(existing).get("uid") or "") or None,
+                name,
+                namespace,
+                uid=str(_meta(existing).get("uid") or "") or None,
                 resource_version=resource_version(existing) or None,
             )
         try:
