@@ -80,3 +80,22 @@ def test_read_file(tmp_path: Path) -> None:
     assert read_file(tmp_path / "big") == big
     with pytest.raises(IsADirectoryError):
         read_file(tmp_path)
+
+
+def test_durable_writes_fsync_file_and_directory_and_others_do_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    replace_file(tmp_path / "a", b"1")
+    assert len(calls) == 2  # the file, then its directory
+    calls.clear()
+    replace_file(tmp_path / "b", b"2", durable=False)
+    assert calls == []
+    assert (tmp_path / "b").read_bytes() == b"2"

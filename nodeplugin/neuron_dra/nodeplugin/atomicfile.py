@@ -32,9 +32,11 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{_names.getrandbits(40):010x}.tmp")
 
 
-def replace_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (see the module docstring),
-    creating its directory if needed. The file gets ``mode`` whatever the umask."""
+def replace_file(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (see the module docstring), creating its
+    directory if needed. The file gets ``mode`` whatever the umask. ``durable=False`` skips
+    the two fsyncs: still atomic for readers and for a crash of the process (the page cache
+    survives it), only not across a power loss or kernel crash."""
     fd, tmp = _create_temp(path, mode)
     try:
         try:
@@ -43,7 +45,8 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
                 view = view[os.write(fd, view) :]
             if mode & ~0o700:
                 os.fchmod(fd, mode)  # the umask may have taken group/other bits away
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -51,7 +54,8 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def _create_temp(path: Path, mode: int) -> tuple[int, Path]:
