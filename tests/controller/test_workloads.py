@@ -48,6 +48,7 @@ from neuron_dra.controller.allocator import Unit
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.workloads import (
     ALLOCATED,
+    ALLOCATING,
     DEALLOCATING,
     FAILED,
     PARTIALLY_ALLOCATED,
@@ -58,6 +59,7 @@ from neuron_dra.controller.workloads import (
     Validator,
     WorkloadReconciler,
     desired_workload_status,
+    nus_status_with,
     split_holdings,
     with_condition,
 )
@@ -536,7 +538,7 @@ def test_conditions_keep_transition_time_unless_status_flips() -> None:
 def test_status_allocation_time_is_stamped_once() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     up = StatusUpdate(ALLOCATED, "w-1", (), ("us-a",), 4, allocated=True)
-    s1 = desired_workload_status({"state": "Allocating"}, up, now, 1)
+    s1 = desired_workload_status({"state": PENDING}, up, now, 1)
     s2 = desired_workload_status(s1, up, now + timedelta(hours=1), 1)
     assert s1["allocationTime"] == s2["allocationTime"] == "2026-01-01T00:00:00Z"
     degraded = StatusUpdate(PARTIALLY_ALLOCATED, "w-1", (), allocated=True)
@@ -1184,17 +1186,24 @@ def allocation_write(req: RequestInfo) -> bool:
     )
 
 
-async def count_allocation_writes(server: FakeAPIServer) -> int:
-    """How many writes a clean allocation of the crash scenario takes."""
-    seen = 0
+def describe_write(req: RequestInfo) -> str:
+    """``verb resource[/subresource]``, and the state a workload status write sets."""
+    what = f"{req.verb} {req.resource}" + (f"/{req.subresource}" if req.subresource else "")
+    if (req.resource, req.subresource) == ("neuronultraserverworkloads", "status"):
+        what += f" {req.body['status']['state']}"
+    return what
 
-    def counting(req: RequestInfo) -> bool:
-        nonlocal seen
+
+async def record_allocation_writes(server: FakeAPIServer) -> list[str]:
+    """The writes a clean allocation of the crash scenario makes, in order."""
+    seen: list[str] = []
+
+    def recording(req: RequestInfo) -> bool:
         if allocation_write(req):
-            seen += 1
+            seen.append(describe_write(req))
         return False
 
-    server.faults.fail_next_write(counting, n=10_000)
+    server.faults.fail_next_write(recording, n=10_000)
     ctl = await Controller(server).start()
     try:
         await ctl.converge(f"{NS}/job")
@@ -1212,13 +1221,26 @@ def crash_scenario(server: FakeAPIServer) -> Cluster:
     return cluster
 
 
-async def test_clean_allocation_write_count(fake_apiserver: FakeAPIServer) -> None:
+#: The writes of a clean allocation in the crash scenario (the test below pins them).
+CLEAN_ALLOCATION_WRITES = 5
+
+
+async def test_clean_allocation_writes_the_minimum(fake_apiserver: FakeAPIServer) -> None:
     crash_scenario(fake_apiserver)
-    # finalizer, Allocating, 2 entries, template, Allocated: the crash test covers each.
-    assert await count_allocation_writes(fake_apiserver) == 6
+    # The finalizer, one entry write per UltraServer used, the template, and one workload
+    # status write: Pending (here: no state yet) straight to Allocated, no "Allocating"
+    # record before the entries. The crash test below kills the controller after each.
+    assert await record_allocation_writes(fake_apiserver) == [
+        "update neuronultraserverworkloads",
+        "update neuronultraservers/status",
+        "update neuronultraservers/status",
+        "create resourceclaimtemplates",
+        "update neuronultraserverworkloads/status Allocated",
+    ]
+    assert len(Cluster(fake_apiserver).events(reason="Allocated")) == 1
 
 
-@pytest.mark.parametrize("crash_at", range(6))
+@pytest.mark.parametrize("crash_at", range(CLEAN_ALLOCATION_WRITES))
 async def test_crash_after_each_allocation_write_converges(
     fake_apiserver: FakeAPIServer, crash_at: int
 ) -> None:
@@ -1248,6 +1270,69 @@ async def test_crash_after_each_allocation_write_converges(
     finally:
         await fresh.stop()
     assert state(cluster, "job") == ALLOCATED
+    assert sorted(e["ultraserverIndex"] for _, e in cluster.entries()) == [0, 1]
+    cluster.assert_no_double_booking()
+    assert [t["metadata"]["name"] for t in cluster.templates()] == ["job"]
+
+
+def lose_entries(cluster: Cluster) -> None:
+    """Every allocation entry vanishes from the record (the workload's status stays)."""
+    for nus in cluster.all_nus():
+        nus["status"] = nus_status_with(nus, [])
+        cluster.server.update_status(nus)
+
+
+@pytest.mark.parametrize("crash_at", range(4))
+async def test_running_workload_holding_nothing_reallocates_crash_safely(
+    fake_apiserver: FakeAPIServer, crash_at: int
+) -> None:
+    """A workload still marked Allocated while it holds no entries (they were lost, or
+    RestartAll was interrupted between releasing them and writing Pending) is allocated
+    again. Its state must leave the running states before the first entry is written: a
+    restart finding entries under Allocated would take them for a running workload that lost
+    a unit (NoOp: PartiallyAllocated for good) instead of finishing the allocation. Writes:
+    Allocating, 2 entries, Allocated (the template is still there)."""
+    cluster = crash_scenario(fake_apiserver)
+    setup = await Controller(fake_apiserver).start()
+    try:
+        await setup.converge(f"{NS}/job")
+    finally:
+        await setup.stop()
+    assert state(cluster, "job") == ALLOCATED
+    lose_entries(cluster)
+
+    seen = -1
+    written: list[str] = []
+
+    def nth(req: RequestInfo) -> bool:
+        nonlocal seen
+        if not allocation_write(req):
+            return False
+        written.append(describe_write(req))
+        seen += 1
+        return seen == crash_at
+
+    fake_apiserver.faults.fail_next_write(nth, after_commit=True)
+    first = await Controller(fake_apiserver).start()
+    try:
+        with pytest.raises(KubeError):
+            for _ in range(crash_at + 2):
+                await first.reconcile(f"{NS}/job")  # dies on the lost response
+    finally:
+        await first.stop()
+    assert written[0] == "update neuronultraserverworkloads/status Allocating"
+    assert len(written) == crash_at + 1
+    if 0 < crash_at < 3:
+        assert state(cluster, "job") == ALLOCATING, "entries are never under a running state"
+
+    fresh = await Controller(fake_apiserver).start()
+    try:
+        await fresh.converge(f"{NS}/job")
+    finally:
+        await fresh.stop()
+    assert state(cluster, "job") == ALLOCATED
+    assert condition(cluster, "job", "Degraded")["status"] == "False"
+    assert cluster.events(reason="NodeFailure") == []
     assert sorted(e["ultraserverIndex"] for _, e in cluster.entries()) == [0, 1]
     cluster.assert_no_double_booking()
     assert [t["metadata"]["name"] for t in cluster.templates()] == ["job"]

@@ -11,8 +11,11 @@ the first stopped:
   Each write re-checks on the object it is guarded by that the nodes are still free, so two
   controllers racing for the same nodes cannot both get them: the loser gets a 409, re-reads,
   sees the nodes taken and stops;
-* the workload's status says how far it got (``Allocating`` while entries are written,
-  ``Allocated``/``PartiallyAllocated`` once it ran).
+* the workload's status says whether its pods may be using its entries: only in a running
+  state (``Allocated``/``PartiallyAllocated``). An allocation writes its entries while the
+  workload is still in a state that is not running (none yet, ``Pending``, ``Failed``) and
+  then moves it to ``Allocated`` in one status write, so entries found under any other state
+  are an interrupted allocation, never in use by pods.
 
 Allocation is all-or-nothing: entries already on record for an interrupted allocation are
 completed if the missing units can still be found, released otherwise. Release on deletion
@@ -92,7 +95,8 @@ ALLOCATED: Final = "Allocated"
 PARTIALLY_ALLOCATED: Final = "PartiallyAllocated"
 FAILED: Final = "Failed"
 DEALLOCATING: Final = "Deallocating"
-#: States in which the workload's pods may be running on its units.
+#: States in which the workload's pods may be running on its units. Entries found under any
+#: other state belong to an interrupted allocation (``_allocate`` keeps it that way).
 _RUNNING_STATES: Final = frozenset({ALLOCATED, PARTIALLY_ALLOCATED})
 
 # Allocation entry phases (crds.AllocationPhase).
@@ -937,19 +941,26 @@ class WorkloadReconciler:
                 event=(EventType.NORMAL, reason, decision.reason),
             )
             return ReconcileResult(self.pending_requeue)
-        # Record the id and "Allocating" first: a restart finds the id on the object and
-        # knows the entries it may find were never in use by pods.
-        obj = await self._set_status(
-            obj,
-            StatusUpdate(
-                ALLOCATING,
-                wid,
-                (
-                    Cond(COND_ALLOCATED, False, "Allocating", decision.reason),
-                    Cond(COND_READY, False, "Allocating", "reserving nodes"),
+        if _status(obj).get("state") in _RUNNING_STATES:
+            # The record must say "not running" before any entry is written: a restart
+            # that finds entries under a running state takes them for a running workload
+            # that lost units (failure strategy), not for an allocation to finish or give
+            # back. A workload that is not running (new, Pending, Failed) already says so,
+            # and goes to Allocated in the one final write. Only one still marked as running
+            # while it holds nothing (entries lost, or RestartAll interrupted between its
+            # release and its Pending write) pays this extra write; ``Allocating`` is what it
+            # is then doing.
+            obj = await self._set_status(
+                obj,
+                StatusUpdate(
+                    ALLOCATING,
+                    wid,
+                    (
+                        Cond(COND_ALLOCATED, False, "Allocating", decision.reason),
+                        Cond(COND_READY, False, "Allocating", "reserving nodes"),
+                    ),
                 ),
-            ),
-        )
+            )
         await self._write_entries(obj, wid, decision.units, decision.units[0])
         return await self._finish(obj, wid, list(decision.units), decision.reason)
 
@@ -1071,8 +1082,10 @@ class WorkloadReconciler:
         running = _status(obj).get("state") in _RUNNING_STATES
 
         if not running:
-            # An allocation that was interrupted before any pod could use it: finish it if
-            # every unit can still be had, otherwise give everything back (all-or-nothing).
+            # An allocation that was interrupted before any pod could use it (its entries
+            # were written, the final status write was not): finish it if every unit can
+            # still be had, otherwise give everything back (all-or-nothing). Finishing takes
+            # no write beyond the missing entries and that final status write.
             if not failed:
                 completed = self._complete(obj, held)
                 if completed is not None:
