@@ -1084,8 +1084,10 @@ class WorkloadReconciler:
         if not running:
             # An allocation that was interrupted before any pod could use it (its entries
             # were written, the final status write was not): finish it if every unit can
-            # still be had, otherwise give everything back (all-or-nothing). Finishing takes
-            # no write beyond the missing entries and that final status write.
+            # still be had, otherwise give everything back (all-or-nothing). Finishing writes
+            # no ``Allocating`` either: the state found already says "not running", which is
+            # all a further restart needs; only the missing entries and the final status
+            # write are made.
             if not failed:
                 completed = self._complete(obj, held)
                 if completed is not None:
