@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -232,7 +233,22 @@ def test_digit_first_names_need_0_5_0() -> None:
     assert_cdi_valid(spec)
 
 
-def test_emulated_device_paths_use_host_path() -> None:
+def test_emulated_device_nodes_are_complete_char_devices() -> None:
+    # The emulated /dev/neuron<N> are regular files, which containerd's CDI refuses to stat as
+    # devices; fully specified nodes (type + major) are taken as they are.
+    inv = make_inventory("trn2.48xlarge", dev_root="/var/lib/neuron-dra/emulation/dev")
+    inv = dataclasses.replace(
+        inv, devices=tuple(dataclasses.replace(d, emulated=True) for d in inv.devices)
+    )
+    spec = cdi_spec_for(make_plan(3), inv)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/neuron3", "type": "c", "major": 1, "minor": 3}
+    ]
+    assert spec["cdiVersion"] == "0.3.0"
+    assert_cdi_valid(spec)
+
+
+def test_device_nodes_under_another_dev_root_use_host_path() -> None:
     inv = make_inventory("trn2.48xlarge", dev_root="/var/lib/neuron-dra/emulation/dev")
     spec = cdi_spec_for(make_plan(3), inv)
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [

@@ -81,6 +81,7 @@ def test_every_type_scans_back_to_its_profile(tmp_path: Path, instance_type: str
         )  # fmt: skip
         assert d.healthy and d.unhealthy_reasons == ()
         assert d.efa_pci_address is None
+        assert d.emulated  # placeholder files, not device nodes: CDI must say so
         # Physical-core directories: one per core, as the driver creates them.
         sys_dir = paths.sysfs_root / "devices/virtual/neuron_device" / f"neuron{d.index}"
         assert len(list(sys_dir.glob("neuron_core*"))) == profile.cores_per_device

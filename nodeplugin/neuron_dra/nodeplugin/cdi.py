@@ -152,14 +152,25 @@ def claim_env(
     return env
 
 
+#: Under emulation the container gets a character device with /dev/null's numbers at each
+#: /dev/neuron<N>: present and harmless. The emulated host "device" is a regular file, which a
+#: CDI runtime refuses to stat as a device node, but a node given with its type and a major
+#: number is complete and the runtime does not look at the host (CDI's fillMissingInfo).
+EMULATED_DEVICE_NUMBERS: Final = (1, 3)
+
+
 def _device_nodes(indices: Iterable[int], inventory: NodeInventory) -> list[dict[str, Any]]:
     nodes = []
     for index in sorted(indices):
         path = f"/dev/neuron{index}"
         device = inventory.device(index)
         node: dict[str, Any] = {"path": path}
-        # Under emulation the host file lives elsewhere; in production the paths are equal and
-        # leaving hostPath out keeps the spec loadable by older CDI versions.
+        if device is not None and device.emulated:
+            major, minor = EMULATED_DEVICE_NUMBERS
+            nodes.append({**node, "type": "c", "major": major, "minor": minor})
+            continue
+        # With the host's /dev mounted elsewhere in the plugin the host path differs; usually the
+        # paths are equal and leaving hostPath out keeps the spec loadable by older CDI versions.
         if device is not None and device.dev_path and device.dev_path != path:
             node["hostPath"] = device.dev_path
         nodes.append(node)

@@ -53,6 +53,8 @@ class NeuronDevice:
     #: False when hardware health signals report a problem; reasons say which.
     healthy: bool = True
     unhealthy_reasons: tuple[str, ...] = ()
+    #: The device node is a placeholder file of emulation mode, not a character device.
+    emulated: bool = False
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,7 @@ def read_device(
         arch_instance_family=family,
         serial_number=serial.lower() if serial else None,
         efa_pci_address=efa_pci_address,
+        emulated=emulated,
         healthy=not reasons,
         unhealthy_reasons=reasons,
     )
