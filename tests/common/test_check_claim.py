@@ -279,7 +279,11 @@ def test_seed_v1beta1_template_with_pods_and_config_checks(
     assert "ResourceClaimTemplate 1x4-connected-neurons: fits on 1 of 1 nodes" in out
     assert devices("request neurons:", out) == dev_names(0, 1, 2, 3)
     assert "ResourceClaim ns/typo: does not fit" in out
-    assert 'opaque config: unknown field "logicalNeuronCores" in NeuronConfig' in out
+    # Prepare's own words (the agreement tests below pin them).
+    assert (
+        "refuse to prepare them: invalid claim config #0 for driver neuron.aws.com: "
+        'unknown field "logicalNeuronCores" in NeuronConfig'
+    ) in out
 
 
 def test_claim_errors_and_api_validation(

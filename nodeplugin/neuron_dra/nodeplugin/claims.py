@@ -8,6 +8,11 @@ is written for the container:
 * the devices form a connected set the Neuron runtime can use (a contiguous core range);
 * no device is reserved for a different UltraServer workload.
 
+What is checked about the node comes in as ``NodeFacts``: the plugin takes them from discovery
+(``inventory_facts``), ``neuron-dra check-claim`` from the node's published ResourceSlice
+(``published_facts``). Both then run the same ``plan_claim_on``, so what check-claim predicts
+is what Prepare says.
+
 Every rejection is a ClaimError whose message names the claim and says what to change: the
 kubelet shows it in the pod's events while the pod sits in ContainerCreating.
 """
@@ -15,11 +20,13 @@ kubelet shows it in the pod's events while the pod sits in ContainerCreating.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from neuron_dra.common.constants import (
+    ATTR_INSTANCE_TYPE,
+    ATTR_ULTRASERVER_MODES,
     ATTR_WORKLOAD_ID,
     DEVICE_NAME_PREFIX,
     DRIVER_NAME,
@@ -28,7 +35,9 @@ from neuron_dra.common.constants import (
     device_name,
 )
 from neuron_dra.common.profiles import (
+    PROFILES,
     InstanceProfile,
+    UnknownInstanceType,
     connected_set_error,
     is_connected_set,
 )
@@ -103,6 +112,79 @@ class ClaimPlan:
     @property
     def uses_node_device(self) -> bool:
         return NODE_DEVICE_NAME in self.device_names
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What ``plan_claim_on`` checks a claim against, besides the node's published devices."""
+
+    profile: InstanceProfile
+    #: Indices of the node's Neuron devices (all of them are what ``neuronnode`` stands for).
+    device_indices: frozenset[int]
+    #: UltraServer sizes (in nodes) the node can take part in; () if none.
+    ultraserver_node_counts: tuple[int, ...]
+    #: Sizes above 1 for which the node has its UltraServer server and node ids (the election
+    #: is done); None when not known, as from a ResourceSlice, which does not carry the 2-node
+    #: ids: the (retryable) readiness check is then skipped.
+    ultraserver_elected: frozenset[int] | None
+
+
+def inventory_facts(inventory: NodeInventory) -> NodeFacts:
+    """The node as discovery sees it (the plugin's view). Raises InventoryError or
+    LookupError when the instance type cannot be described."""
+    profile = inventory_profile(inventory)
+    counts = ultraserver_node_counts(inventory, profile)
+    us = inventory.ultraserver
+    elected: set[int] = set()
+    for mode in counts:
+        server_id = None if us is None else (us.server_id_4 if mode == 4 else us.server_id_2)
+        node_id = None if us is None else (us.node_id_4 if mode == 4 else us.node_id_2)
+        if mode > 1 and server_id is not None and node_id is not None:
+            elected.add(mode)
+    return NodeFacts(
+        profile=profile,
+        device_indices=frozenset(d.index for d in inventory.devices),
+        ultraserver_node_counts=counts,
+        ultraserver_elected=frozenset(elected),
+    )
+
+
+def published_facts(published: Mapping[str, Mapping[str, Any]]) -> NodeFacts:
+    """The node as its ResourceSlice describes it (``published``: device name -> attributes,
+    as the plugin publishes them): what ``check-claim`` has instead of an inventory.
+
+    Raises UnknownInstanceType (a LookupError) when no device names an instance type this
+    version has a profile for: the plugin describes such a type from sysfs links and chip
+    names that the slice does not carry, so its checks cannot be reproduced from here.
+    """
+    types = {
+        t
+        for attrs in published.values()
+        if isinstance(t := _dict(_dict(attrs).get(ATTR_INSTANCE_TYPE)).get("string"), str)
+    }
+    if len(types) != 1:
+        found = ", ".join(sorted(types)) or "none"
+        raise UnknownInstanceType(f"not one instance type published by the devices ({found})")
+    (instance_type,) = types
+    profile = PROFILES.get(instance_type)
+    if profile is None:
+        raise UnknownInstanceType(f"no profile for instance type {instance_type!r}")
+    # ``ultraserverModes`` is what the plugin publishes for ``ultraserver_node_counts`` (node
+    # counts joined by "_"), on every device of an UltraServer-capable node.
+    modes = next(
+        (
+            str(m)
+            for attrs in published.values()
+            if (m := _dict(_dict(attrs).get(ATTR_ULTRASERVER_MODES)).get("string"))
+        ),
+        "",
+    )
+    return NodeFacts(
+        profile=profile,
+        device_indices=frozenset(i for name in published if (i := _device_index(name)) is not None),
+        ultraserver_node_counts=tuple(int(m) for m in modes.split("_") if m.isdigit()),
+        ultraserver_elected=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -206,7 +288,30 @@ def plan_claim(
     ``node_name`` defaults to the inventory's; it is the pool our results must come from.
     ``status.allocation.devices.config`` already holds class and claim configs in order.
     """
-    node = node_name or inventory.node_name
+    return plan_claim_on(
+        claim,
+        node_name=node_name or inventory.node_name,
+        facts=lambda: inventory_facts(inventory),
+        published=published,
+        driver_name=driver_name,
+    )
+
+
+def plan_claim_on(
+    claim: Mapping[str, Any],
+    *,
+    node_name: str,
+    facts: Callable[[], NodeFacts],
+    published: Mapping[str, Mapping[str, Any]],
+    driver_name: str = DRIVER_NAME,
+) -> ClaimPlan:
+    """``plan_claim`` against facts from any source (see ``NodeFacts``).
+
+    ``facts`` is called only once the claim has results of ours from this node, so a node
+    that cannot be described fails claims the same way whatever the source; InventoryError
+    and LookupError from it are retryable ClaimErrors.
+    """
+    node = node_name
     meta = _dict(claim.get("metadata"))
     uid, namespace, name = (str(meta.get(k) or "") for k in ("uid", "namespace", "name"))
     key = f"{namespace}/{name}"
@@ -235,11 +340,12 @@ def plan_claim(
         raise ClaimError(f"claim {key}: no devices of driver {driver_name} allocated")
 
     try:
-        profile = inventory_profile(inventory)
+        node_facts = facts()
     except (InventoryError, LookupError) as exc:
         raise ClaimError(f"claim {key}: {exc}", permanent=False) from None
+    profile = node_facts.profile
 
-    indices = _device_indices(key, node, by_device, inventory, published)
+    indices = _device_indices(key, node, by_device, node_facts.device_indices, published)
     _check_connected(key, profile, by_device, indices)
 
     from neuron_dra.common.models.configs import NeuronConfig, UltraServerConfig
@@ -266,7 +372,7 @@ def plan_claim(
             f"(supported: {allowed}); remove the NeuronConfig or request a Trn2/Trn3 instance"
         )
     if mode is not None:
-        _check_ultraserver(key, node, mode, inventory, profile)
+        _check_ultraserver(key, node, mode, node_facts)
 
     workload_id = _check_workload(key, meta, by_device, indices, published)
     return ClaimPlan(
@@ -290,10 +396,9 @@ def _device_indices(
     key: str,
     node: str,
     by_device: Mapping[str, Sequence[str]],
-    inventory: NodeInventory,
+    present: frozenset[int],
     published: Mapping[str, Mapping[str, Any]],
 ) -> tuple[int, ...]:
-    present = {d.index for d in inventory.devices}
     indices: set[int] = set()
     for device in by_device:
         if device not in published:
@@ -359,10 +464,8 @@ def _check_connected(
         )
 
 
-def _check_ultraserver(
-    key: str, node: str, mode: int, inventory: NodeInventory, profile: InstanceProfile
-) -> None:
-    counts = ultraserver_node_counts(inventory, profile)
+def _check_ultraserver(key: str, node: str, mode: int, facts: NodeFacts) -> None:
+    profile, counts = facts.profile, facts.ultraserver_node_counts
     if not counts:
         raise ClaimError(
             f"claim {key}: UltraServerConfig needs an UltraServer node, but node {node} "
@@ -375,17 +478,14 @@ def _check_ultraserver(
             f"claim {key}: ultraserverMode {mode} is not supported by node {node} "
             f"(supported node counts: {supported})"
         )
-    us = inventory.ultraserver
-    if mode > 1:
-        server_id = None if us is None else (us.server_id_4 if mode == 4 else us.server_id_2)
-        node_id = None if us is None else (us.node_id_4 if mode == 4 else us.node_id_2)
-        if server_id is None or node_id is None:
-            # The driver's election is running or has not been done: it usually completes.
-            raise ClaimError(
-                f"claim {key}: node {node} has no {mode}-node UltraServer id yet (election "
-                "not complete)",
-                permanent=False,
-            )
+    elected = facts.ultraserver_elected
+    if mode > 1 and elected is not None and mode not in elected:
+        # The driver's election is running or has not been done: it usually completes.
+        raise ClaimError(
+            f"claim {key}: node {node} has no {mode}-node UltraServer id yet (election "
+            "not complete)",
+            permanent=False,
+        )
 
 
 def _check_workload(

@@ -3,10 +3,11 @@
 The claim is allocated the way kube-scheduler's DRA plugin would (the shared structured
 allocator, ``neuron_dra.common.testing.allocation``), one node at a time, against devices from
 a live cluster (``--kubeconfig``), a file of ResourceSlices (``--slices``) or freshly emulated
-nodes (``--emulate TYPE``). A node where the scheduler would find devices is then checked the
-way the kubelet plugin's Prepare checks the allocation (connected device set, opaque configs,
-LNC, UltraServer mode), because a claim that is allocated but cannot be prepared leaves the
-pod in ContainerCreating, which is the failure this command exists to catch early.
+nodes (``--emulate TYPE``). A node where the scheduler would find devices is then checked by
+the kubelet plugin's own Prepare decision (``neuron_dra.nodeplugin.claims.plan_claim_on``: connected
+device set, opaque configs, LNC, UltraServer mode, workload reservations) fed from the node's
+ResourceSlice, because a claim that is allocated but cannot be prepared leaves the pod in
+ContainerCreating, which is the failure this command exists to catch early.
 
 Exit codes: 0 when every claim fits somewhere, 1 when one does not, 2 for bad input.
 """
@@ -24,32 +25,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import yaml
-from neuron_dra.common.constants import (
-    ATTR_DEVICE_ID,
-    ATTR_INSTANCE_TYPE,
-    ATTR_RESOURCE_TYPE,
-    ATTR_ULTRASERVER_MODES,
-    DRIVER_NAME,
-    NODE_DEVICE_NAME,
-    RESOURCE_TYPE_NODE,
-    device_group_attribute,
-)
+from neuron_dra.common.constants import ATTR_INSTANCE_TYPE, DRIVER_NAME
 from neuron_dra.common.deviceclasses import CLASS_EXPRESSIONS, default_classes_by_name
-from neuron_dra.common.models.configs import (
-    ConfigError,
-    NeuronConfig,
-    UltraServerConfig,
-    decode_opaque_config,
-)
-from neuron_dra.common.profiles import (
-    InstanceProfile,
-    connected_set_error,
-    is_connected_set,
-    profile_for,
-)
+from neuron_dra.common.profiles import InstanceProfile
 from neuron_dra.common.testing.allocation import (
     AllocationFailure,
     AllocationResult,
@@ -59,6 +40,9 @@ from neuron_dra.common.testing.allocation import (
     compile_selector,
     device_view,
 )
+
+if TYPE_CHECKING:
+    from neuron_dra.nodeplugin.claims import NodeFacts
 
 EXIT_FITS: Final = 0
 EXIT_NO_FIT: Final = 1
@@ -171,6 +155,9 @@ class ClaimDoc:
     spec: dict[str, Any]
     #: The whole object converted to ``resource.k8s.io/v1``, for API validation.
     v1_object: dict[str, Any]
+    #: Labels of the claim (a template's claim labels): Prepare matches a workload's claims
+    #: to the devices reserved for it by one of them.
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -195,6 +182,8 @@ def claim_docs(objects: Iterable[Mapping[str, Any]], path: str) -> list[ClaimDoc
         name = str(meta.get("name") or meta.get("generateName") or "(unnamed)")
         outer = _dict(obj.get("spec"))
         raw_spec = _dict(outer.get("spec")) if kind == "ResourceClaimTemplate" else outer
+        claim_meta = _dict(outer.get("metadata")) if kind == "ResourceClaimTemplate" else meta
+        labels = {str(k): str(v) for k, v in _dict(claim_meta.get("labels")).items()}
         spec = to_v1_claim_spec(raw_spec)
         v1 = copy.deepcopy(dict(obj))
         v1["apiVersion"] = f"{RESOURCE_GROUP}/v1"
@@ -212,6 +201,7 @@ def claim_docs(objects: Iterable[Mapping[str, Any]], path: str) -> list[ClaimDoc
                 name=name,
                 spec=spec,
                 v1_object=v1,
+                labels=labels,
             )
         )
     if not found:
@@ -385,15 +375,6 @@ def _attr(attrs: Mapping[str, Any], name: str) -> Any:
     return None
 
 
-def _profile(instance_type: Any) -> InstanceProfile | None:
-    if not isinstance(instance_type, str) or not instance_type:
-        return None
-    try:
-        return profile_for(instance_type)
-    except LookupError:
-        return None
-
-
 def _names(names: Sequence[str], limit: int = _MAX_NAMED) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", +{len(names) - limit}" if len(names) > limit else "")
@@ -509,88 +490,90 @@ def selects_any(
     return False
 
 
-def count_hint(count: int, instance_type: str | None) -> str | None:
-    """``trn1.32xlarge: 7 devices are not a connected set (valid: 1, 4, 8, 16)``, or None."""
-    profile = _profile(instance_type)
+def count_hint(count: int, profile: InstanceProfile | None) -> str | None:
+    """``trn1.32xlarge: 7 devices are not a connected set (valid: 1, 4, 8, 16)``, or None.
+
+    ``profile``: the node's, as Prepare sees it (``node_facts``). Its ``valid_set_sizes`` are
+    the counts Prepare's connected-set check accepts: any other count gets the seed's
+    "does not support requests for device" refusal whichever devices are picked.
+    """
     if profile is None or count < 1 or count in profile.valid_set_sizes:
         return None
     valid = ", ".join(str(s) for s in profile.valid_set_sizes)
     return f"{profile.name}: {count} devices are not a connected set (valid: {valid})"
 
 
-def prepare_problems(result: AllocationResult, node: NodeDevices) -> list[str]:
+def published_devices(node: NodeDevices) -> dict[str, dict[str, Any]]:
+    """Our devices on ``node`` as the kubelet plugin published them (device name ->
+    attributes): what its Prepare checks a claim against. Attribute names qualified with the
+    driver's domain (hand-written slices) are read as the plugin's unqualified ones."""
+    prefix = f"{DRIVER_NAME}/"
+    out: dict[str, dict[str, Any]] = {}
+    for (driver, _, name), dev in node.devices.items():
+        if driver != DRIVER_NAME:
+            continue
+        attrs = _dict(dev.get("attributes"))
+        unqualified = {k: v for k, v in attrs.items() if not k.startswith(prefix)}
+        for k, v in attrs.items():
+            if k.startswith(prefix):
+                unqualified.setdefault(k.removeprefix(prefix), v)
+        out[name] = unqualified
+    return out
+
+
+def node_facts(node: NodeDevices) -> NodeFacts | None:
+    """What Prepare would know about ``node``, from its slices; None for an instance type
+    this version has no profile for (the plugin describes those from sysfs, which a slice
+    does not show, so nothing reliable can be predicted there)."""
+    # The kubelet plugin's module, imported here: only this command needs it from ``common``
+    # (the wheel ships every package).
+    from neuron_dra.nodeplugin.claims import published_facts
+
+    try:
+        return published_facts(published_devices(node))
+    except LookupError:
+        return None
+
+
+#: Name of the claim handed to Prepare's checks; its messages start with ``claim <key>: ``,
+#: which the report drops (it already names the template or claim).
+_CLAIM_NAMESPACE: Final = "check-claim"
+_CLAIM_NAME: Final = "claim"
+
+
+def prepare_problems(
+    result: AllocationResult, node: NodeDevices, labels: Mapping[str, str] | None = None
+) -> list[str]:
     """Why the kubelet plugin would refuse to prepare this allocation (empty: it would not).
 
-    Mirrors the checks of the plugin's Prepare that can be made from ResourceSlice content.
+    This is the plugin's own decision (``plan_claim_on``, what its Prepare calls) fed with
+    the node's ResourceSlice instead of its discovered inventory, so the message is Prepare's
+    (minus the claim name). The one check it skips is whether a node's UltraServer election
+    is done (retryable, and the 2-node ids are not in the slice). ``labels``: the claim's.
     """
-    ours = [d for d in result.devices if d.driver == DRIVER_NAME]
-    if not ours:
+    from neuron_dra.nodeplugin.claims import ClaimError, plan_claim_on
+
+    if not any(d.driver == DRIVER_NAME for d in result.devices):
+        return []  # the kubelet does not ask our plugin to prepare other drivers' devices
+    facts = node_facts(node)
+    if facts is None:
         return []
-    attrs = {d.key: _dict(node.devices.get(d.key, {}).get("attributes")) for d in ours}
-    profile = _profile(node.instance_type)
-    problems: list[str] = []
-    whole = [d for d in ours if _attr(attrs[d.key], ATTR_RESOURCE_TYPE) == RESOURCE_TYPE_NODE]
-    if whole and len(whole) < len(ours):
-        others = sorted({d.device for d in ours if d not in whole})
-        problems.append(
-            f"{NODE_DEVICE_NAME} (the whole node) and {_names(others)} overlap; request either "
-            f"{NODE_DEVICE_NAME} or individual devices"
+    claim = {
+        "metadata": {
+            "uid": _CLAIM_NAMESPACE,  # any non-empty uid: Prepare only requires one
+            "namespace": _CLAIM_NAMESPACE,
+            "name": _CLAIM_NAME,
+            "labels": dict(labels or {}),
+        },
+        "status": {"allocation": result.allocation},
+    }
+    try:
+        plan_claim_on(
+            claim, node_name=node.name, facts=lambda: facts, published=published_devices(node)
         )
-    elif not whole and profile is not None:
-        ids = sorted({i for d in ours if isinstance(i := _attr(attrs[d.key], ATTR_DEVICE_ID), int)})
-        try:
-            connected = bool(ids) and is_connected_set(profile, ids)
-        except ValueError:
-            connected = True  # ids the profile does not know: nothing reliable to say
-        shown = ", ".join(str(i) for i in ids)
-        if not connected and len(ids) not in profile.valid_set_sizes:
-            problems.append(connected_set_error(profile, len(ids)))
-        elif not connected:
-            problems.append(
-                f"devices {shown} are not one connected group of {profile.name}; constrain the "
-                f"request with matchAttribute: {device_group_attribute(len(ids))}"
-            )
-        elif ids and ids[-1] - ids[0] + 1 != len(ids):
-            problems.append(
-                f"devices {shown} on {profile.name} are not consecutive, so the Neuron runtime "
-                "cannot be given one contiguous NEURON_RT_VISIBLE_CORES range; add a "
-                "matchAttribute constraint on resource.aws.com/devicegroup<N>_id"
-            )
-    our_requests = {d.request.split("/", 1)[0] for d in ours} | {d.request for d in ours}
-    modes_attr = next((_attr(a, ATTR_ULTRASERVER_MODES) for a in attrs.values()), None)
-    for entry in _list(_dict(result.allocation.get("devices")).get("config")):
-        e = _dict(entry)
-        opaque = _dict(e.get("opaque"))
-        listed = _list(e.get("requests"))
-        if opaque.get("driver") != DRIVER_NAME or (listed and not our_requests & set(listed)):
-            continue
-        try:
-            config = decode_opaque_config(opaque.get("parameters"))
-        except ConfigError as exc:
-            problems.append(f"opaque config: {exc}")
-            continue
-        if isinstance(config, NeuronConfig) and profile is not None:
-            lnc = config.logical_neuron_core
-            if lnc not in profile.allowed_lnc:
-                allowed = ", ".join(str(v) for v in sorted(profile.allowed_lnc))
-                problems.append(
-                    f"logicalNeuronCore {lnc} is not supported on {profile.name} "
-                    f"(supported: {allowed})"
-                )
-        elif isinstance(config, UltraServerConfig):
-            modes = [int(m) for m in str(modes_attr or "").split("_") if m.isdigit()]
-            kind = f" ({profile.name})" if profile is not None else ""
-            if not modes:
-                problems.append(
-                    f"UltraServerConfig needs an UltraServer node, but node {node.name}{kind} "
-                    "is not part of an UltraServer"
-                )
-            elif config.ultraserver_mode not in modes:
-                problems.append(
-                    f"ultraserverMode {config.ultraserver_mode} is not supported by node "
-                    f"{node.name} (supported node counts: {', '.join(map(str, modes))})"
-                )
-    return problems
+    except ClaimError as exc:
+        return [exc.message.removeprefix(f"claim {_CLAIM_NAMESPACE}/{_CLAIM_NAME}: ")]
+    return []
 
 
 # --- checking one claim --------------------------------------------------------------------------
@@ -661,7 +644,7 @@ def check(doc: ClaimDoc, cluster: Cluster, file: str = "") -> ClaimReport:
             n.reasons = outcome.nodes[0].reasons if outcome.nodes else (outcome.message,)
         else:
             n.result = outcome
-            problems = prepare_problems(outcome, node)
+            problems = prepare_problems(outcome, node, doc.labels)
             if problems:
                 devices = _names([d.device for d in outcome.devices])
                 n.reasons = (
@@ -669,7 +652,8 @@ def check(doc: ClaimDoc, cluster: Cluster, file: str = "") -> ClaimReport:
                     "refuse to prepare them: " + "; ".join(problems),
                 )
         if not n.fits and selects_any(node, doc.spec, cluster.classes):
-            hint = count_hint(count, n.instance_type)
+            facts = node_facts(node)
+            hint = count_hint(count, facts.profile if facts is not None else None)
             if hint and hint not in report.hints:
                 report.hints.append(hint)
         report.nodes.append(n)
