@@ -14,15 +14,31 @@ from typing import Any
 import pytest
 import yaml
 from neuron_dra.common.cli import main
-from neuron_dra.common.commands.check_claim import from_emulation
+from neuron_dra.common.commands.check_claim import (
+    count_hint,
+    from_emulation,
+    node_facts,
+    prepare_problems,
+    split_by_node,
+)
 from neuron_dra.common.deviceclasses import (
     NEURON_CLASS_EXPRESSION,
     ULTRASERVER_CLASS_EXPRESSION,
     default_device_classes,
 )
 from neuron_dra.common.paths import repo_root
+from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.testing.allocation import AllocatedDevice, AllocationResult
 from neuron_dra.common.testing.fakeapi.builtin_validation import validate_builtin
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.nodeplugin.claims import ClaimError, plan_claim
+from neuron_dra.nodeplugin.discovery.model import (
+    NeuronDevice,
+    NodeInventory,
+    UltraServerInfo,
+    UltraServerMode,
+)
+from neuron_dra.nodeplugin.slices import build_resource_slices
 
 SPECS = repo_root() / "examples" / "specs"
 EXAMPLES = [
@@ -511,3 +527,331 @@ def test_default_device_classes() -> None:
     )
     for cls in classes.values():
         assert validate_builtin("resource.k8s.io", "deviceclasses", cls, None) == []
+
+
+# --- agreement with the kubelet plugin's Prepare -------------------------------------------------
+#
+# check-claim's verdict on an allocation must be what Prepare (plan_claim, over the node's
+# discovered inventory) says about it: the same message, or success for both. The node's
+# ResourceSlice is built from the inventory by the plugin's own slice builder, as on a cluster.
+
+AGREE_NODE = "ip-10-0-0-1.ec2.internal"
+AGREE_CLAIM = ("ml", "pod0-neurons-x7k2p")
+WORKLOAD_LABEL = "neuron.aws.com/workload-id"
+ELECTED = UltraServerInfo(
+    modes=(UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1),
+    server_id_2="a1b2c3d4e5f60718",
+    server_id_4="a1b2c3d4e5f60719",
+    node_id_2=1,
+    node_id_4=3,
+)
+
+
+def inventory(instance_type: str, ultraserver: UltraServerInfo | None = None) -> NodeInventory:
+    p = PROFILES[instance_type]
+    return NodeInventory(
+        node_name=AGREE_NODE,
+        instance_type=instance_type,
+        driver_version="2.24.7.0",
+        devices=tuple(
+            NeuronDevice(index=i, dev_path=f"/dev/neuron{i}", core_count=p.cores_per_device)
+            for i in range(p.device_count)
+        ),
+        ultraserver=ultraserver,
+    )
+
+
+def neuron_config(lnc: Any, *, requests: list[str] | None = None, source: str = "FromClaim") -> Any:
+    params = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": lnc}
+    entry = {"source": source, "opaque": {"driver": "neuron.aws.com", "parameters": params}}
+    return {**entry, "requests": requests} if requests is not None else entry
+
+
+def us_config(mode: Any) -> Any:
+    params = {
+        "apiVersion": "neuron.aws.com/v1",
+        "kind": "UltraServerConfig",
+        "ultraserverMode": mode,
+    }
+    return {"source": "FromClaim", "opaque": {"driver": "neuron.aws.com", "parameters": params}}
+
+
+def verdicts(
+    inv: NodeInventory,
+    devices_by_request: dict[str, list[int | str]],
+    config: list[Any] | None = None,
+    *,
+    labels: dict[str, str] | None = None,
+    workload_ids: dict[int | str, str] | None = None,
+) -> tuple[str | None, str | None]:
+    """(Prepare's refusal, check-claim's), each None when it would prepare the allocation."""
+    slices = build_resource_slices(
+        inv,
+        node_name=AGREE_NODE,
+        node_uid="node-uid",
+        node_labels={},
+        dra_driver_version="0.1.0",
+        workload_ids=workload_ids or {},
+        generation=0,
+    )
+    allocated = [
+        AllocatedDevice(
+            request, "neuron.aws.com", AGREE_NODE, d if isinstance(d, str) else f"neurondevice{d}"
+        )
+        for request, ds in devices_by_request.items()
+        for d in ds
+    ]
+    allocation = {
+        "devices": {
+            "results": [
+                {"request": a.request, "driver": a.driver, "pool": a.pool, "device": a.device}
+                for a in allocated
+            ],
+            "config": config or [],
+        }
+    }
+    namespace, name = AGREE_CLAIM
+    claim = {
+        "metadata": {
+            "uid": "claim-uid",
+            "namespace": namespace,
+            "name": name,
+            "labels": labels or {},
+        },
+        "status": {"allocation": allocation},
+    }
+    published = {d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]}
+    try:
+        plan_claim(claim, inventory=inv, published=published)
+        prepare = None
+    except ClaimError as exc:
+        prepare = exc.message.removeprefix(f"claim {namespace}/{name}: ")
+    (node,) = split_by_node(slices)
+    result = AllocationResult(AGREE_NODE, tuple(allocated), allocation)
+    problems = prepare_problems(result, node, labels)
+    assert len(problems) <= 1, problems
+    return prepare, (problems[0] if problems else None)
+
+
+def seed_refusal(instance_type: str, count: int) -> str:
+    return (
+        f"Instance type {instance_type} does not support requests for device: {count}. "
+        "Please request a different number of devices."
+    )
+
+
+TRN1, TRN2, INF2 = "trn1.32xlarge", "trn2.48xlarge", "inf2.48xlarge"
+# (case, instance type, devices per request, configs, Prepare's refusal (a part of it) or None)
+AGREEMENT_CASES: list[tuple[str, str, dict[str, list[int | str]], list[Any], str | None]] = [
+    ("trn1 one device", TRN1, {"n": [5]}, [], None),
+    ("trn1 a row", TRN1, {"n": [4, 5, 6, 7]}, [], None),
+    ("trn1 a half", TRN1, {"n": list(range(8, 16))}, [], None),
+    ("trn1 all", TRN1, {"n": list(range(16))}, [], None),
+    ("trn1 seven", TRN1, {"n": list(range(7))}, [], seed_refusal(TRN1, 7)),
+    ("trn1 two", TRN1, {"n": [0, 1]}, [], seed_refusal(TRN1, 2)),
+    ("trn1 four not a row", TRN1, {"n": [0, 1, 2, 4]}, [], "is not one connected group"),
+    ("trn2 a row", TRN2, {"n": [12, 13, 14, 15]}, [], None),
+    ("trn2 five", TRN2, {"n": [0, 1, 2, 3, 4]}, [], seed_refusal(TRN2, 5)),
+    ("trn2 twelve", TRN2, {"n": list(range(12))}, [], seed_refusal(TRN2, 12)),
+    ("trn2 two halves' rows", TRN2, {"n": [*range(4), *range(12, 16)]}, [], "not one connected"),
+    ("inf2 three in a row", INF2, {"n": [3, 4, 5]}, [], None),
+    ("inf2 seven in a row", INF2, {"n": list(range(2, 9))}, [], None),
+    ("inf2 gappy", INF2, {"n": [0, 2, 3]}, [], "device set 0, 2, 3: it is not one connected"),
+    ("inf2 wrapping the ring", INF2, {"n": [10, 11, 0, 1]}, [], "are not consecutive"),
+    ("trn1 LNC 1", TRN1, {"n": [0]}, [neuron_config(1)], None),
+    ("trn1 LNC 2", TRN1, {"n": [0]}, [neuron_config(2)], "logicalNeuronCore 2 is not supported"),
+    ("inf2 LNC 2", INF2, {"n": [0]}, [neuron_config(2)], "not supported on inf2.48xlarge"),
+    ("trn2 LNC 1", TRN2, {"n": [0]}, [neuron_config(1)], None),
+    ("trn2 LNC 2", TRN2, {"n": [0]}, [neuron_config(2)], None),
+    ("trn2 LNC 3", TRN2, {"n": [0]}, [neuron_config(3)], "logicalNeuronCore must be 1 or 2"),
+    (
+        "trn1 claim's LNC 1 beats the class's LNC 2",
+        TRN1,
+        {"n": [0]},
+        [neuron_config(2, requests=["n"], source="FromClass"), neuron_config(1)],
+        None,
+    ),
+    (
+        "trn2 LNC differs between requests",
+        TRN2,
+        {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]},
+        [neuron_config(1, requests=["a"]), neuron_config(2, requests=["b"])],
+        "conflicting logicalNeuronCore values",
+    ),
+    ("trn2 UltraServerConfig", TRN2, {"n": [0]}, [us_config(4)], "needs an UltraServer node"),
+    ("trn1 UltraServerConfig", TRN1, {"n": [0]}, [us_config(1)], "needs an UltraServer node"),
+    ("inf2 UltraServerConfig", INF2, {"n": [0]}, [us_config(2)], "needs an UltraServer node"),
+    ("trn2u UltraServerConfig 4", "trn2u.48xlarge", {"n": ["neuronnode"]}, [us_config(4)], None),
+    ("trn2u UltraServerConfig 1", "trn2u.48xlarge", {"n": ["neuronnode"]}, [us_config(1)], None),
+    (
+        "trn2u neuronnode and a device",
+        "trn2u.48xlarge",
+        {"n": ["neuronnode", 3]},
+        [],
+        "neuronnode (the whole node) and neurondevice3 overlap",
+    ),
+    (
+        "a config of another kind",
+        TRN2,
+        {"n": [0]},
+        [{"opaque": {"driver": "neuron.aws.com", "parameters": {"kind": "GpuConfig"}}}],
+        "invalid claim config #0",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "allocated", "config", "refusal"),
+    [case[1:] for case in AGREEMENT_CASES],
+    ids=[case[0] for case in AGREEMENT_CASES],
+)
+def test_check_claim_says_what_prepare_says(
+    instance_type: str,
+    allocated: dict[str, list[int | str]],
+    config: list[Any],
+    refusal: str | None,
+) -> None:
+    us = ELECTED if PROFILES[instance_type].ultraserver_capable else None
+    prepare, predicted = verdicts(inventory(instance_type, us), allocated, config)
+    assert predicted == prepare
+    if refusal is None:
+        assert prepare is None
+    else:
+        assert prepare is not None and refusal in prepare
+
+
+def test_ultraserver_mode_the_node_does_not_offer() -> None:
+    inv = inventory(
+        "trn2u.48xlarge",
+        UltraServerInfo(
+            modes=(UltraServerMode.X4, UltraServerMode.X1), server_id_4="a" * 16, node_id_4=0
+        ),
+    )
+    prepare, predicted = verdicts(inv, {"n": ["neuronnode"]}, [us_config(2)])
+    assert predicted == prepare
+    assert prepare is not None and "supported node counts: 1, 4" in prepare
+
+
+# (case, devices, claim's workload label, tags as published, Prepare's refusal (a part) or None)
+WORKLOAD_CASES: list[tuple[str, list[int | str], str | None, dict[int | str, str], str | None]] = [
+    ("the workload's own claim", ["neuronnode"], "w-a", {"node": "w-a"}, None),
+    ("a claim of no workload", ["neuronnode"], None, {"node": "w-a"}, "belongs to no workload"),
+    ("another workload's claim", ["neuronnode"], "w-b", {"node": "w-a"}, "belongs to workload w-b"),
+    ("a tagged device under neuronnode", ["neuronnode"], "w-b", {5: "w-a"}, "neurondevice5"),
+    ("untagged devices are free", [0, 1, 2, 3], None, {5: "w-a"}, None),
+    ("devices not (yet) tagged", ["neuronnode"], "w-a", {}, "not reserved for that workload"),
+]
+
+
+@pytest.mark.parametrize(
+    ("allocated", "label", "tags", "refusal"),
+    [case[1:] for case in WORKLOAD_CASES],
+    ids=[case[0] for case in WORKLOAD_CASES],
+)
+def test_workload_reservations_agree(
+    allocated: list[int | str], label: str | None, tags: dict[int | str, str], refusal: str | None
+) -> None:
+    prepare, predicted = verdicts(
+        inventory("trn2u.48xlarge", ELECTED),
+        {"n": allocated},
+        [us_config(4)],
+        labels={WORKLOAD_LABEL: label} if label else None,
+        workload_ids=tags,
+    )
+    assert predicted == prepare
+    if refusal is None:
+        assert prepare is None
+    else:
+        assert prepare is not None and refusal in prepare
+
+
+def test_the_election_is_the_one_check_a_slice_cannot_show() -> None:
+    # Before the UltraServer election the plugin refuses mode 4 (retryable: it usually
+    # completes); the 2-node ids are not in the slice, so check-claim does not predict it.
+    inv = inventory("trn2u.48xlarge", UltraServerInfo(modes=(UltraServerMode.X4,)))
+    prepare, predicted = verdicts(inv, {"n": ["neuronnode"]}, [us_config(4)])
+    assert prepare is not None and "election not complete" in prepare
+    assert predicted is None
+
+
+@pytest.mark.parametrize("instance_type", sorted(PROFILES))
+def test_count_hint_is_prepares_count_rule(instance_type: str) -> None:
+    # The hint names a count exactly when Prepare refuses that many devices with the seed's
+    # message (here the first ``count`` devices, a connected set whenever one exists).
+    inv = inventory(instance_type)
+    (node,) = split_by_node(
+        build_resource_slices(
+            inv,
+            node_name=AGREE_NODE,
+            node_uid="node-uid",
+            node_labels={},
+            dra_driver_version="0.1.0",
+            generation=0,
+        )
+    )
+    facts = node_facts(node)
+    assert facts is not None
+    for count in range(1, PROFILES[instance_type].device_count + 1):
+        prepare, _ = verdicts(inv, {"n": list(range(count))})
+        refused_for_count = prepare == seed_refusal(instance_type, count)
+        assert (count_hint(count, facts.profile) is not None) == refused_for_count, count
+
+
+def test_cli_reports_prepares_workload_refusal(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    slices = build_resource_slices(
+        inventory("trn2u.48xlarge", ELECTED),
+        node_name=AGREE_NODE,
+        node_uid="node-uid",
+        node_labels={},
+        dra_driver_version="0.1.0",
+        workload_ids={"node": "w-a"},
+        generation=0,
+    )
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "w-b-node", "namespace": "ml"},
+        "spec": {
+            "metadata": {"labels": {WORKLOAD_LABEL: "w-b"}},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "n",
+                            "exactly": {
+                                "deviceClassName": "ultraserver.neuron.aws.com",
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": "device.attributes['neuron.aws.com']"
+                                            ".resourceType == 'neuron_node'"
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    claims = write_yaml(tmp_path / "t.yaml", template)
+    code, out, _ = run(capsys, "-f", claims, "--slices", write_yaml(tmp_path / "s.yaml", *slices))
+    assert code == 1, out
+    assert out.splitlines()[1] == (
+        f"  node {AGREE_NODE}: the scheduler would allocate neuronnode, but the kubelet plugin "
+        "would refuse to prepare them: device neurondevice0 is reserved for workload w-a, but "
+        "the claim belongs to workload w-b (label neuron.aws.com/workload-id); only that "
+        "workload's claims may use it"
+    )
+    template["spec"]["metadata"]["labels"][WORKLOAD_LABEL] = "w-a"
+    code, out, _ = run(
+        capsys,
+        "-f",
+        write_yaml(tmp_path / "t.yaml", template),
+        "--slices",
+        str(tmp_path / "s.yaml"),
+    )
+    assert code == 0, out
