@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from neuron_dra.common.profiles import PROFILES, connected_groups
-from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
+from neuron_dra.common.profiles import PROFILES, UnknownInstanceType, connected_groups
+from neuron_dra.nodeplugin.claims import (
+    ClaimError,
+    ClaimPlan,
+    inventory_facts,
+    plan_claim,
+    plan_claim_on,
+    published_facts,
+)
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -471,3 +479,68 @@ def test_a_workloads_claim_waits_for_its_devices_to_be_tagged() -> None:
     with pytest.raises(ClaimError, match=r"belongs to workload train-a.*not reserved") as e:
         plan(claim, TRN2U, published)
     assert not e.value.permanent
+
+
+# --- the node's facts from its ResourceSlice (what check-claim checks against) ----------------
+
+
+@pytest.mark.parametrize(
+    ("name", "ultraserver"),
+    [(n, None) for n in sorted(PROFILES)]
+    + [
+        ("trn2u.48xlarge", US_FULL),
+        ("trn2u.48xlarge", UltraServerInfo(modes=(UltraServerMode.X1,))),
+        ("trn3p.48xlarge", US_FULL),
+    ],
+)
+def test_published_facts_are_the_inventorys(name: str, ultraserver: UltraServerInfo | None) -> None:
+    inv = make_inventory(name, ultraserver=ultraserver)
+    from_slice = published_facts(published_for(inv))
+    # Only the election cannot be read back: the slice has no 2-node ids.
+    assert from_slice == dataclasses.replace(inventory_facts(inv), ultraserver_elected=None)
+
+
+def test_published_facts_need_one_known_instance_type() -> None:
+    published = published_for(TRN2)
+    with pytest.raises(UnknownInstanceType, match="none"):
+        published_facts({})
+    renamed = {n: {**a, "instanceType": {"string": "trn9.huge"}} for n, a in published.items()}
+    with pytest.raises(UnknownInstanceType, match=r"trn9\.huge"):
+        published_facts(renamed)
+    mixed = {**published, "neurondevice0": renamed["neurondevice0"]}
+    with pytest.raises(UnknownInstanceType, match=r"trn2\.48xlarge, trn9\.huge"):
+        published_facts(mixed)
+
+
+def _outcome(run: Any) -> ClaimPlan | tuple[str, bool]:
+    try:
+        plan: ClaimPlan = run()
+        return plan
+    except ClaimError as exc:
+        return (exc.message, exc.permanent)
+
+
+@given(
+    name=st.sampled_from(sorted(n for n, p in PROFILES.items() if p.device_count > 1)),
+    data=st.data(),
+)
+def test_planning_from_the_slice_is_planning_from_the_inventory(
+    name: str, data: st.DataObject
+) -> None:
+    inv = make_inventory(name, ultraserver=US_FULL if PROFILES[name].ultraserver_capable else None)
+    published = published_for(inv)
+    names = sorted(published)
+    chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+    config = data.draw(
+        st.lists(
+            st.sampled_from(
+                [opaque(lnc(1)), opaque(lnc(2)), opaque(us_mode(1)), opaque(us_mode(4))]
+            ),
+            max_size=2,
+        )
+    )
+    claim = make_claim([result(d) for d in chosen], config)
+    facts = published_facts(published)
+    assert _outcome(lambda: plan(claim, inv, published)) == _outcome(
+        lambda: plan_claim_on(claim, node_name=NODE, facts=lambda: facts, published=published)
+    )
