@@ -35,6 +35,7 @@ from neuron_dra.common.k8s.client import (
     NEURON_ULTRASERVERS,
     NODES,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     KubeClient,
 )
@@ -423,6 +424,9 @@ class Controller:
                 "ResourceClaimTemplate",
                 None,
             ),
+            # The manager watches only claims with the workload-id label; every claim these
+            # tests create carries one.
+            (RESOURCE_CLAIMS, self.ctx.claims, "resource.k8s.io/v1", "ResourceClaim", None),
         ):
             r = Reflector(
                 self.kube.resource(api),
@@ -1372,3 +1376,34 @@ def test_unit_type_is_the_allocators() -> None:
     # The reconciler builds units from the record with the allocator's own type.
     h = Held("us-a", {"ultraserverIndex": 1, "allocatedNodes": ["n0", "n1"], "workloadId": "x"})
     assert h.unit == Unit("us-a", ("n0", "n1"), 1)
+
+
+async def test_a_claim_placed_outside_the_workload_is_moved(
+    ctl: Controller, cluster: Cluster
+) -> None:
+    # After a move the old nodes keep the workload's tag until their plugins republish, and
+    # the scheduler may place a new claim there by it; the plugin refuses to prepare it, so
+    # the controller deletes the claim and its pod to have them scheduled again.
+    for us in ("us-a", "us-b"):
+        cluster.add_ultraserver(us)
+    obj = await allocate(ctl, cluster, "job", size=4, count=1)
+    wid = wid_of(obj)
+    (held,) = {us for us, _ in cluster.entries(f"{NS}/job")}
+    other = "us-b" if held == "us-a" else "us-a"
+    cluster.publish_tags()
+    cluster.create_claim_with_pod("inside", wid, f"{held}-n0")
+    cluster.create_claim_with_pod("stray", wid, f"{other}-n2")
+    cluster.create_claim_with_pod("foreign", "other-wid", f"{other}-n3")
+    await ctl.converge(f"{NS}/job")
+
+    assert cluster.claims() == {"inside", "foreign"}
+    gone = {
+        p["metadata"]["name"]
+        for p in cluster.server.list("v1", "Pod", NS)
+        if not p["metadata"].get("deletionTimestamp")
+    }
+    assert gone == {"inside-pod", "foreign-pod"}, "the stray claim's pod is evicted"
+    (event,) = cluster.events(reason="ClaimsMoved")
+    assert "stray" in event["note"] and f"{other}-n2" in event["note"]
+    assert state(cluster, "job") == ALLOCATED
+    cluster.assert_no_double_booking()
