@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -285,3 +286,102 @@ async def test_update_of_missing_object_is_not_found(api: k8s.ApiClient) -> None
             GROUP, VERSION, "default", NUSW, "ghost", body, _request_timeout=T
         )
     assert err.value.status == 404
+
+
+def _pod(name: str, node: str | None = "node-a") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node  # bound without a scheduler (no kubelet runs it)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def _delete_pod(api: k8s.ApiClient, name: str, **options: Any) -> dict[str, Any]:
+    """DELETE a pod; the server's answer as JSON (for pods: the pod as marked or removed)."""
+    resp = await api.call_api(
+        f"/api/v1/namespaces/default/pods/{name}",
+        "DELETE",
+        body={"kind": "DeleteOptions", "apiVersion": "v1", **options},
+        header_params={"Content-Type": "application/json"},
+        _preload_content=False,
+        _request_timeout=T,
+    )
+    body: dict[str, Any] = json.loads(await resp.read())
+    assert resp.status == 200, body
+    return body
+
+
+def _seconds(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient) -> None:
+    """With no kubelet to end its grace period, a bound pod stays Terminating; a shorter grace
+    moves its deadline; the kubelet's DELETE with grace 0 and the uid removes it."""
+    core = k8s.CoreV1Api(api)
+    created = await core.create_namespaced_pod("default", _pod("bound"), _request_timeout=T)
+    uid = created.metadata.uid
+
+    marked = await _delete_pod(api, "bound")
+    meta = marked["metadata"]
+    assert meta["deletionGracePeriodSeconds"] == 30  # terminationGracePeriodSeconds' default
+    created_at = created.metadata.creation_timestamp.timestamp()
+    assert abs(_seconds(meta["deletionTimestamp"]) - created_at - 30) <= 2
+    still = await core.read_namespaced_pod("bound", "default", _request_timeout=T)
+    assert still.metadata.deletion_timestamp is not None
+
+    again = await _delete_pod(api, "bound", gracePeriodSeconds=60)  # longer: no change
+    assert again["metadata"]["deletionTimestamp"] == meta["deletionTimestamp"]
+    shorter = await _delete_pod(api, "bound", gracePeriodSeconds=5)
+    assert shorter["metadata"]["deletionGracePeriodSeconds"] == 5
+    assert _seconds(meta["deletionTimestamp"]) - _seconds(
+        shorter["metadata"]["deletionTimestamp"]
+    ) == pytest.approx(25)
+    rv = shorter["metadata"]["resourceVersion"]
+
+    with pytest.raises(ApiException) as err:
+        await core.delete_namespaced_pod(
+            "bound",
+            "default",
+            body=k8s.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=k8s.V1Preconditions(uid="not-this-pod")
+            ),
+            _request_timeout=T,
+        )
+    assert err.value.status == 409
+
+    await _delete_pod(api, "bound", gracePeriodSeconds=0, preconditions={"uid": uid})
+    with pytest.raises(ApiException) as err:
+        await core.read_namespaced_pod("bound", "default", _request_timeout=T)
+    assert err.value.status == 404
+    # Watchers see the grace period end, then the removal.
+    resp = await api.call_api(
+        "/api/v1/namespaces/default/pods",
+        "GET",
+        query_params=[("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "5")],
+        _preload_content=False,
+        _request_timeout=T,
+    )
+    seen: list[tuple[str, int]] = []
+    async with asyncio.timeout(T):
+        while len(seen) < 2:
+            line = await resp.content.readline()
+            assert line, "watch closed before the expected events"
+            ev = json.loads(line)
+            seen.append((ev["type"], ev["object"]["metadata"]["deletionGracePeriodSeconds"]))
+    resp.close()
+    assert seen == [("MODIFIED", 0), ("DELETED", 0)]
+
+
+async def test_unbound_and_terminal_pods_are_deleted_at_once(api: k8s.ApiClient) -> None:
+    core = k8s.CoreV1Api(api)
+    await core.create_namespaced_pod("default", _pod("pending", node=None), _request_timeout=T)
+    await core.create_namespaced_pod("default", _pod("done"), _request_timeout=T)
+    await core.patch_namespaced_pod_status(
+        "done", "default", {"status": {"phase": "Succeeded"}}, _request_timeout=T
+    )
+    for name in ("pending", "done"):
+        answer = await _delete_pod(api, name)
+        assert answer["metadata"]["deletionGracePeriodSeconds"] == 0
+        with pytest.raises(ApiException) as err:
+            await core.read_namespaced_pod(name, "default", _request_timeout=T)
+        assert err.value.status == 404

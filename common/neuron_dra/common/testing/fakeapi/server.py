@@ -31,6 +31,7 @@ from kubernetes_asyncio import client as k8s_client
 from .. import waiting
 from . import patch as patchlib
 from .builtin_validation import apply_builtin_defaults, validate_builtin, validate_object_meta
+from .deletion import plan_delete, removed_by_update
 from .errors import FieldError, invalid_status, status
 from .faults import FaultInjector, RequestInfo, fault_status
 from .registry import (
@@ -57,6 +58,7 @@ T = TypeVar("T")
 BytesList = list[bytes]
 CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 NS_KEY = ("", "namespaces")
+POD_KEY = ("", "pods")
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease",
                       "neuron-dra-driver")
 FORBIDDEN = "FieldValueForbidden"
@@ -422,7 +424,7 @@ class ApiCore:
             return self.as_version(rt, old), warnings  # no-op writes don't bump the version
         if dry_run:
             return new, warnings
-        if old_meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if removed_by_update(old_meta, meta):
             ev = self.store.remove(rt.store_key, ns, name)
             assert ev is not None
             self.after_removal(ev, None)
@@ -561,7 +563,8 @@ class ApiCore:
         self, rt: ResourceType, ns: str, name: str, options: JSON | None = None,
         *, dry_run: bool = False,
     ) -> tuple[JSON, bool]:
-        """Returns (object, deleted_now); objects with finalizers only get a deletionTimestamp."""
+        """Returns (object, deleted_now). Pods are deleted gracefully and objects with
+        finalizers are only marked (``deletionTimestamp``): see :mod:`.deletion`."""
         opts = options or {}
         cur = self.store.get(rt.store_key, ns, name)
         if cur is None:
@@ -583,27 +586,38 @@ class ApiCore:
                 "propagationPolicy", "FieldValueNotSupported",
                 'supported values: "Foreground", "Background", "Orphan", "nil"',
                 value=policy, has_value=True)])
-        if dry_run:
+        plan = plan_delete(cur, self._grace_option(opts), self.clock(),
+                           graceful=rt.store_key == POD_KEY,
+                           held=rt.store_key == NS_KEY or bool(meta.get("finalizers")))
+        if plan.mark is not None:
+            marked = dict(cur)
+            marked["metadata"] = {**meta, **plan.mark}
+            if rt.store_key == NS_KEY:
+                marked["status"] = {**(cur.get("status") or {}), "phase": "Terminating"}
+            if dry_run:
+                return self.as_version(rt, marked), False
+            cur = self.store.put(rt.store_key, marked).obj
+            if not meta.get("deletionTimestamp"):
+                if policy == "Orphan":
+                    self._orphan(meta.get("uid", ""))
+                if rt.store_key == NS_KEY:
+                    self._later(lambda: self._purge_namespace(name))
+        if dry_run or not plan.remove:
             return self.as_version(rt, cur), False
-        if rt.store_key == NS_KEY or meta.get("finalizers"):
-            if meta.get("deletionTimestamp"):
-                return self.as_version(rt, cur), False
-            new = dict(cur)
-            new["metadata"] = {**meta, "deletionTimestamp": self.now(),
-                               "deletionGracePeriodSeconds": 0,
-                               "generation": int(meta.get("generation", 1)) + 1}
-            if rt.store_key == NS_KEY:
-                new["status"] = {**(cur.get("status") or {}), "phase": "Terminating"}
-            ev = self.store.put(rt.store_key, new)
-            if policy == "Orphan":
-                self._orphan(meta.get("uid", ""))
-            if rt.store_key == NS_KEY:
-                self._later(lambda: self._purge_namespace(name))
-            return self.as_version(rt, ev.obj), False
         gone = self.store.remove(rt.store_key, ns, name)
         assert gone is not None
         self.after_removal(gone, policy)
         return self.as_version(rt, gone.obj), True
+
+    def _grace_option(self, opts: JSON) -> int | None:
+        """``gracePeriodSeconds`` from the body or the query (a string there)."""
+        value = opts.get("gracePeriodSeconds")
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise self.bad_request(f"invalid gracePeriodSeconds: {value}") from None
 
     def after_removal(self, ev: Event, policy: str | None) -> None:
         """Follow-ups of an object really leaving storage: GC, namespace/CRD cleanup."""
@@ -1037,9 +1051,18 @@ class FakeAPIServer:
         return _copy(self._obj_bytes(rt, obj))
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-               *, propagation_policy: str | None = None) -> JSON:
+               *, propagation_policy: str | None = None,
+               grace_period_seconds: int | None = None, uid: str | None = None) -> JSON:
+        """DELETE like the HTTP verb (a bound pod is only marked, see :mod:`.deletion`);
+        returns the object as deleted or marked."""
         rt = self.resource_type(api_version, kind)
-        opts = {"propagationPolicy": propagation_policy} if propagation_policy else {}
+        opts: JSON = {}
+        if propagation_policy:
+            opts["propagationPolicy"] = propagation_policy
+        if grace_period_seconds is not None:
+            opts["gracePeriodSeconds"] = grace_period_seconds
+        if uid:
+            opts["preconditions"] = {"uid": uid}
         obj, _ = self.core.delete(rt, namespace or "" if rt.namespaced else "", name, opts)
         return _copy(self._obj_bytes(rt, obj))
 
