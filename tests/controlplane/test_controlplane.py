@@ -27,12 +27,14 @@ from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.testing.allocation import allocate
 from neuron_dra.common.testing.controlplane import (
     CDI_DEVICES_ANNOTATION,
+    DELETE_PROTECTION_FINALIZER,
     POD_CLAIM_NAME_ANNOTATION,
     ControlPlane,
     container_cdi_devices,
     ensure_device_classes,
 )
 from neuron_dra.common.testing.controlplane.claims import generate_name
+from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.nodeplugin.kubeletapi.model import PreparedDevice
 from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
@@ -292,31 +294,70 @@ async def test_delete_unprepares_and_frees_the_devices(sim: Sim) -> None:
     assert len(devices_of(sim.claim_of(second))) == 16
 
 
-async def test_replica_set_pods_get_disjoint_rows_and_are_recreated(sim: Sim) -> None:
+def running_set(sim: Sim, workload: PodSet) -> Callable[[], list[dict[str, Any]] | None]:
+    """The workload's pods not being deleted, once it has all it wants and they are Running."""
+
+    def check() -> list[dict[str, Any]] | None:
+        pods = [
+            p
+            for p in sim.api.list("v1", "Pod", NS, label_selector=workload.label_selector)
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        if len(pods) != workload.expected:
+            return None
+        return pods if all(p["status"].get("phase") == "Running" for p in pods) else None
+
+    return check
+
+
+async def test_replica_set_pods_get_disjoint_rows_and_are_replaced_at_once(sim: Sim) -> None:
     trn2 = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
     sim.api.create(template("row2", 4, selector=trn2))
     rs = await sim.cp.replica_set(
         NS, "workers", 2, {"metadata": {"labels": {"app": "w"}}, "spec": pod_spec("row2")}
     )
-    assert rs.pod_names() == ["workers-0", "workers-1"]
-    pods = [await until(running(sim, n), f"{n} Running") for n in rs.pod_names()]
+    pods = await until(running_set(sim, rs), "2 workers Running")
+    # Named by the server from generateName, as a real ReplicaSet's pods are.
+    assert all(
+        p["metadata"]["name"].startswith("workers-") and len(p["metadata"]["name"]) == 13
+        for p in pods
+    )
+    assert all(p["metadata"]["labels"]["sim.neuron.aws.com/replicaset"] == "workers" for p in pods)
     rows = [devices_of(sim.claim_of(p)) for p in pods]
     assert all(p["spec"]["nodeName"] == "trn2-0" for p in pods)
     assert sorted(rows) == [row(0), row(4)]
     assert all(p["metadata"]["labels"]["app"] == "w" for p in pods)
+    assert rs.pod_names() == sorted(p["metadata"]["name"] for p in pods)
 
-    # A deleted replica comes back (new uid) and gets a row again.
-    old_uid = pods[0]["metadata"]["uid"]
-    sim.api.delete("v1", "Pod", "workers-0", NS)
+    # A deleted replica is replaced by a new pod (another name) and gets a row again; the
+    # deleted one is Terminating until its kubelet has unprepared its claim.
+    old, kept = pods
+    sim.api.delete("v1", "Pod", old["metadata"]["name"], NS)
 
-    def replaced() -> dict[str, Any] | None:
-        p = running(sim, "workers-0")()
-        return p if p and p["metadata"]["uid"] != old_uid else None
+    def replaced() -> list[dict[str, Any]] | None:
+        now = running_set(sim, rs)()
+        names = {p["metadata"]["name"] for p in now or []}
+        return now if now and old["metadata"]["name"] not in names else None
 
-    again = await until(replaced, "workers-0 recreated and Running")
-    assert devices_of(sim.claim_of(again)) in (row(0), row(8))
+    again = await until(replaced, "a replacement Running")
+    (new,) = [p for p in again if p["metadata"]["uid"] != kept["metadata"]["uid"]]
+    assert devices_of(sim.claim_of(new)) != devices_of(sim.claim_of(kept))
+    await until(lambda: sim.pod(old["metadata"]["name"]) is None, "the old pod gone")
     # Only the live pods' claims remain.
     await until(lambda: len(sim.claims()) == 2, "the old claim garbage-collected")
+
+
+async def test_replica_set_scales_down_and_up(sim: Sim) -> None:
+    trn2 = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
+    sim.api.create(template("row2", 4, selector=trn2))
+    rs = await sim.cp.replica_set(NS, "scaled", 3, {"spec": pod_spec("row2")})
+    three = await until(running_set(sim, rs), "3 pods Running")
+    rs.scale(1)
+    (left,) = await until(running_set(sim, rs), "1 pod left")
+    assert left["metadata"]["uid"] in {p["metadata"]["uid"] for p in three}
+    await until(lambda: len(sim.claims()) == 1, "the deleted pods' claims gone")
+    rs.scale(2)
+    assert len(await until(running_set(sim, rs), "2 pods Running")) == 2
 
 
 async def test_group_of_four_fills_the_trn2_rows(sim: Sim) -> None:
@@ -342,6 +383,140 @@ async def test_group_of_four_fills_the_trn2_rows(sim: Sim) -> None:
     await until(lambda: sim.events("late", "FailedScheduling"), "late unschedulable")
     await sim.cp.remove(group)
     await until(running(sim, "late"), "late Running once the group is gone")
+
+
+def shared_claim(name: str, count: int, selector: str) -> dict[str, Any]:
+    exactly = {
+        "deviceClassName": DRIVER,
+        "count": count,
+        "selectors": [{"cel": {"expression": selector}}],
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "neurons", "exactly": exactly}]}},
+    }
+
+
+def pod_using(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "resourceClaims": [{"name": "neurons", "resourceClaimName": claim}],
+            "containers": [
+                {"name": "main", "image": "x", "resources": {"claims": [{"name": "neurons"}]}}
+            ],
+        },
+    }
+
+
+async def test_a_claim_in_use_is_deleted_only_once_its_pod_is_gone(sim: Sim) -> None:
+    trn1 = "device.attributes['neuron.aws.com'].instanceType == 'trn1.32xlarge'"
+    sim.api.create(shared_claim("shared", 1, trn1))
+    sim.api.create(pod_using("user", "shared"))
+    await until(running(sim, "user"), "user Running")
+    claim = sim.claim("shared")
+    assert claim is not None
+    # The scheduler protected the claim when it allocated it.
+    assert claim["metadata"]["finalizers"] == [DELETE_PROTECTION_FINALIZER]
+    assert claim["status"]["allocation"] and claim["status"]["reservedFor"]
+
+    sim.api.delete("resource.k8s.io/v1", "ResourceClaim", "shared", NS)
+    held = sim.claim("shared")
+    assert held is not None and held["metadata"].get("deletionTimestamp")
+    assert held["status"]["reservedFor"] and held["status"]["allocation"]
+    # A new pod cannot start using a claim being deleted.
+    sim.api.create(pod_using("late", "shared"))
+    (event,) = await until(lambda: sim.events("late", "FailedScheduling")[:1], "late refused")
+    assert "being deleted" in event["note"]
+
+    sim.api.delete("v1", "Pod", "user", NS)
+    await until(lambda: sim.pod("user") is None, "user gone once its kubelet stopped it")
+    await until(lambda: sim.claim("shared") is None, "the claim released, then removed")
+
+
+async def test_an_unused_claim_is_deallocated_and_unprotected(sim: Sim) -> None:
+    trn1 = "device.attributes['neuron.aws.com'].instanceType == 'trn1.32xlarge'"
+    sim.api.create(shared_claim("kept", 1, trn1))
+    sim.api.create(pod_using("user", "kept"))
+    await until(running(sim, "user"), "user Running")
+    sim.api.delete("v1", "Pod", "user", NS)
+
+    def released() -> dict[str, Any] | None:
+        c = sim.claim("kept")
+        return c if c and not c["metadata"].get("finalizers") else None
+
+    claim = await until(released, "the finalizer removed")
+    assert not claim["status"].get("reservedFor") and not claim["status"].get("allocation")
+    assert sim.pod("user") is None
+
+
+async def test_a_pod_without_its_kubelet_stays_terminating_and_is_replaced_at_once(
+    sim: Sim,
+) -> None:
+    trn2 = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
+    sim.api.create(template("row2", 4, selector=trn2))
+    rs = await sim.cp.replica_set(NS, "lonely", 1, {"spec": pod_spec("row2")})
+    (old,) = await until(running_set(sim, rs), "the pod Running")
+    await sim.cp.kubelets["trn2-0"].stop()  # the node dies
+    sim.api.delete("v1", "Pod", old["metadata"]["name"], NS)
+
+    def replacement() -> dict[str, Any] | None:
+        pods = sim.api.list("v1", "Pod", NS, label_selector=rs.label_selector)
+        new = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"]]
+        return new[0] if new and new[0]["spec"].get("nodeName") else None
+
+    new = await until(replacement, "a replacement created and scheduled")
+    stuck = sim.pod(old["metadata"]["name"])
+    assert stuck is not None and stuck["metadata"]["deletionTimestamp"]
+    assert stuck["metadata"]["deletionGracePeriodSeconds"] == 30
+    # Its claim stays reserved and allocated: the devices may still be in use.
+    claim = sim.claim_of(stuck)
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [old["metadata"]["uid"]]
+    assert devices_of(sim.claim_of(new)) != devices_of(claim)
+    assert rs.pod_names() == [new["metadata"]["name"]]
+
+
+async def test_group_is_recreated_as_a_whole_when_one_pod_is_deleted(sim: Sim) -> None:
+    trn2 = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
+    sim.api.create(template("row2", 4, selector=trn2))
+    group = await sim.cp.group(NS, "g", {"spec": pod_spec("row2")}, size=2)
+    before = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in await until(running_set(sim, group), "the group Running")
+    }
+    sim.api.delete("v1", "Pod", "g-1", NS)
+
+    def recreated() -> list[dict[str, Any]] | None:
+        pods = running_set(sim, group)()
+        if not pods or any(p["metadata"]["uid"] in before.values() for p in pods):
+            return None
+        return pods
+
+    pods = await until(recreated, "both pods recreated and Running")
+    assert sorted(p["metadata"]["name"] for p in pods) == ["g-0", "g-1"]
+
+
+async def test_group_without_recreation_replaces_only_the_deleted_pod(sim: Sim) -> None:
+    trn2 = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
+    sim.api.create(template("row2", 4, selector=trn2))
+    group = await sim.cp.group(NS, "g", {"spec": pod_spec("row2")}, size=2, restart_policy="None")
+    before = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in await until(running_set(sim, group), "the group Running")
+    }
+    sim.api.delete("v1", "Pod", "g-1", NS)
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = running_set(sim, group)()
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods or []}
+        return pods if pods and uids.get("g-1") not in (None, before["g-1"]) else None
+
+    pods = await until(replaced, "g-1 recreated and Running")
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}["g-0"] == before["g-0"]
 
 
 def test_container_cdi_devices_follow_claim_and_request_references() -> None:

@@ -1,8 +1,10 @@
 """A small simulated Kubernetes control plane for DRA, on top of the fake API server.
 
 Everything talks to the API server over HTTP through the raw-dict client, like the real
-components: :class:`ClaimController` (ResourceClaims from templates), :class:`Scheduler`
-(structured allocation, reservation, binding, release), :class:`SimKubelet` (plugin
+components: :class:`ClaimController` (ResourceClaims from templates; releasing claims whose
+pods are gone, with the ``resource.kubernetes.io/delete-protection`` finalizer),
+:class:`Scheduler` (structured allocation, the finalizer, reservation, binding),
+:class:`SimKubelet` (plugin
 registration, NodePrepare/UnprepareResources over the real gRPC sockets, pod status), the
 workload controllers :class:`ReplicaSet` and :class:`Group`, and :class:`ControlPlane`
 running them together. :func:`ensure_device_classes` creates the project's DeviceClasses.
@@ -10,6 +12,7 @@ running them together. :func:`ensure_device_classes` creates the project's Devic
 
 from neuron_dra.common.testing.controlplane.base import (
     CDI_DEVICES_ANNOTATION,
+    DELETE_PROTECTION_FINALIZER,
     POD_CLAIM_NAME_ANNOTATION,
     PodClaim,
     pod_claims,
@@ -22,6 +25,7 @@ from neuron_dra.common.testing.controlplane.workloads import Group, PodSet, Repl
 
 __all__ = [
     "CDI_DEVICES_ANNOTATION",
+    "DELETE_PROTECTION_FINALIZER",
     "POD_CLAIM_NAME_ANNOTATION",
     "ClaimController",
     "ControlPlane",

@@ -31,6 +31,11 @@ K = TypeVar("K", bound=Hashable)
 POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"
 #: Where the simulated kubelet records the CDI device ids each container got (JSON).
 CDI_DEVICES_ANNOTATION: Final = "sim.neuron.aws.com/cdi-devices"
+#: The finalizer the scheduler puts on a claim it allocates and the resourceclaim controller
+#: removes once the claim is neither reserved nor allocated: a claim deleted while pods use
+#: it stays (Terminating) until they are gone.
+DELETE_PROTECTION_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 
 
 class Waiting(Exception):
@@ -175,6 +180,25 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
             template = str(entry["resourceClaimTemplateName"])
             out.append(PodClaim(name, str(claim) if claim else None, template))
     return out
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def is_terminating(obj: Mapping[str, Any]) -> bool:
+    return bool(meta(obj).get("deletionTimestamp"))
+
+
+def is_pod_done(pod: Mapping[str, Any]) -> bool:
+    """The pod will not run (again): terminal, or deleted before it was bound to a node. A
+    bound pod being deleted is not done: it runs until its kubelet has stopped it."""
+    return is_terminal(pod) or (is_terminating(pod) and not (pod.get("spec") or {}).get("nodeName"))
+
+
+def is_active(pod: Mapping[str, Any]) -> bool:
+    """Counted by a workload controller: neither terminal nor being deleted."""
+    return not is_terminal(pod) and not is_terminating(pod)
 
 
 def pod_ref(pod: Mapping[str, Any]) -> JsonDict:

@@ -25,7 +25,7 @@ from .base import JsonDict, Loop
 from .claims import ClaimController
 from .kubelet import SimKubelet
 from .scheduler import Scheduler
-from .workloads import Group, PodSet, ReplicaSet, from_manifest
+from .workloads import RECREATE_GROUP, Group, PodSet, ReplicaSet, from_manifest
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,18 @@ class ControlPlane:
         return rs
 
     async def group(
-        self, namespace: str, name: str, pod_template: Mapping[str, Any], *, size: int = 4
+        self,
+        namespace: str,
+        name: str,
+        pod_template: Mapping[str, Any],
+        *,
+        size: int = 4,
+        restart_policy: str = RECREATE_GROUP,
     ) -> Group:
         """Start a LeaderWorkerSet-like :class:`Group` stopped with the control plane."""
-        group = Group(self.kube, namespace, name, pod_template, size=size)
+        group = Group(
+            self.kube, namespace, name, pod_template, size=size, restart_policy=restart_policy
+        )
         await group.start()
         self.workloads.append(group)
         return group

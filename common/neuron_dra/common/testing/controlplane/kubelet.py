@@ -14,8 +14,10 @@ gRPC sockets through :class:`~neuron_dra.nodeplugin.kubeletclient.KubeletClient`
   a retry with backoff;
 - a pod deleted, being deleted or finished: ``NodeUnprepareResources`` for its claims that no
   other pod on the node still uses (the claims may be gone from the API server by then, so
-  what was prepared is remembered here), then, for a pod being deleted without finalizers,
-  the final delete the kubelet issues once a pod has terminated.
+  what was prepared is remembered here), then, for a pod being deleted, the final delete the
+  kubelet issues once its containers have stopped (grace period 0, with the pod's uid as
+  precondition): the API server keeps a bound pod Terminating until then. A stopped kubelet
+  (a dead node) never sends it, so its pods stay Terminating, as in Kubernetes.
 
 Keys are pod UIDs, not names: a controller may recreate a pod under the same name while the
 old one is still being unprepared.
@@ -34,7 +36,7 @@ from typing import Any, Final
 
 from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIMS, KubeClient
-from neuron_dra.common.k8s.errors import NotFoundError
+from neuron_dra.common.k8s.errors import ConflictError, NotFoundError
 from neuron_dra.nodeplugin.kubeletapi.model import (
     ClaimRef,
     PluginCallError,
@@ -325,8 +327,10 @@ class SimKubelet(Loop[str]):
             await self._unprepare(uid, state, pod)
             del self.prepared[uid]
         m = meta(pod) if pod is not None else {}
-        if m.get("deletionTimestamp") and not m.get("finalizers"):
-            with contextlib.suppress(NotFoundError):
+        if m.get("deletionTimestamp") and m.get("deletionGracePeriodSeconds") != 0:
+            # Its containers have stopped: end the grace period. The API server removes the
+            # pod now, or once its finalizers are gone. (A 409 is another pod of that name.)
+            with contextlib.suppress(NotFoundError, ConflictError):
                 await self.kube.resource(PODS).delete(
                     str(m["name"]), str(m["namespace"]), uid=uid, grace_period_seconds=0
                 )

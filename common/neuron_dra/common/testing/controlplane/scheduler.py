@@ -10,20 +10,24 @@ For a Pending pod without ``spec.nodeName`` whose ResourceClaims all exist:
    DeviceClasses, never handing out a device another claim holds. All of a pod's claims land
    on one node: the first claim picks a node (nodes in name order), the rest must fit there;
    otherwise the remaining nodes are tried in order.
-3. Each claim's ``status.allocation`` and ``status.reservedFor`` are written through
-   ``/status`` with its resourceVersion; a conflict retries the whole pod.
+3. A claim it allocates first gets the ``resource.kubernetes.io/delete-protection``
+   finalizer (an update of the claim), then each claim's ``status.allocation`` and
+   ``status.reservedFor`` are written through ``/status`` with its resourceVersion; a conflict
+   retries the whole pod.
 4. The pod is bound (``pods/<name>/binding``).
 
 If nothing fits the pod stays Pending with a ``FailedScheduling`` Warning Event carrying the
 allocator's message and a ``PodScheduled=False`` condition, and is retried whenever
 ResourceSlices, ResourceClaims, DeviceClasses or Nodes change.
 
-Release (the resourceclaim controller's part in Kubernetes): when a pod is gone or finished it
-is removed from ``reservedFor`` of its claims, and a claim left without consumers is
-deallocated unless it is about to be deleted (claims generated for a pod go with the pod).
+Releasing claims (``reservedFor``, deallocation, the finalizer) is the resourceclaim
+controller's part, as in Kubernetes: see :mod:`.claims`.
 
-Not modelled: the ``resource.kubernetes.io/delete-protection`` finalizer, scoring (nodes are
-tried in name order), resources other than DRA devices, preemption, scheduling gates.
+Pods being deleted but still bound count as placed (pod affinity and anti-affinity) until they
+are gone, like the scheduler's cache of assigned pods; terminal pods do not.
+
+Not modelled: scoring (nodes are tried in name order), resources other than DRA devices,
+preemption, scheduling gates.
 """
 
 from __future__ import annotations
@@ -55,11 +59,13 @@ from neuron_dra.common.testing.allocation import (
 )
 
 from .base import (
+    DELETE_PROTECTION_FINALIZER,
     JsonDict,
     Loop,
     allocation_node,
     controller_owner_uid,
     is_reserved_for,
+    is_terminal,
     meta,
     now_rfc3339,
     pod_claims,
@@ -75,9 +81,6 @@ log = logging.getLogger(__name__)
 SCHEDULER_NAME: Final = "default-scheduler"
 #: ``status.reservedFor`` holds at most this many consumers.
 MAX_RESERVED_FOR: Final = 256
-_TERMINAL: Final = ("Succeeded", "Failed")
-
-Key = tuple[str, str]  # ("pod" | "claim", namespace/name)
 
 
 class _Unschedulable(Exception):
@@ -86,9 +89,10 @@ class _Unschedulable(Exception):
 
 @dataclass(frozen=True)
 class _Assumed:
-    """Devices we allocated to a claim before our cache shows the write."""
+    """Devices we allocated to a claim before our cache shows the write: while the cache
+    holds one of the ``stale`` versions (from before the allocation was written)."""
 
-    rv_before: str
+    stale: frozenset[str]
     devices: frozenset[DeviceKey]
 
 
@@ -100,7 +104,9 @@ def allocated_devices(claim: Mapping[str, Any]) -> set[DeviceKey]:
     }
 
 
-class Scheduler(Loop[Key]):
+class Scheduler(Loop[str]):
+    """Schedules pending pods; keys are pod ``namespace/name``."""
+
     def __init__(self, kube: KubeClient, *, max_steps: int = DEFAULT_MAX_STEPS) -> None:
         super().__init__("sim-scheduler")
         self.kube = kube
@@ -121,12 +127,7 @@ class Scheduler(Loop[Key]):
             on_update=lambda _old, new: self._on_pod(new),
             on_delete=self._on_pod_gone,
         )
-        self.claims.add_handler(
-            on_add=self._on_claim,
-            on_update=lambda _old, new: self._on_claim(new),
-            on_delete=lambda _obj: self._requeue_pending(),
-        )
-        for r in (self.slices, self.classes, self.nodes):
+        for r in (self.claims, self.slices, self.classes, self.nodes):
             r.add_handler(
                 on_add=lambda _obj: self._requeue_pending(),
                 on_update=lambda _old, _new: self._requeue_pending(),
@@ -151,47 +152,22 @@ class Scheduler(Loop[Key]):
             # may fit now. (A pod bound while we were not looking is requeued by its claims.)
             self._requeue_pending()
         if self._unscheduled(pod):
-            self.queue.add(("pod", object_key(pod)))
-        elif (pod.get("status") or {}).get("phase") in _TERMINAL:
-            self._release_claims_of(pod)
+            self.queue.add(object_key(pod))
+        elif is_terminal(pod):
+            self._requeue_pending()  # the affinity it imposed is gone
 
     def _on_pod_gone(self, pod: JsonDict) -> None:
         self._bound.pop(uid_of(pod), None)
-        self._release_claims_of(pod)
-        self._requeue_pending()  # anti-affinity it imposed is gone
-
-    def _release_claims_of(self, pod: JsonDict) -> None:
-        ns = meta(pod).get("namespace")
-        for pc in pod_claims(pod):
-            if pc.claim_name:
-                self.queue.add(("claim", f"{ns}/{pc.claim_name}"))
-
-    def _on_claim(self, claim: JsonDict) -> None:
-        if any(not self._consumer_active(r) for r in reserved_for(claim)):
-            self.queue.add(("claim", object_key(claim)))
-        self._requeue_pending()
+        self._requeue_pending()  # the affinity it imposed is gone
 
     def _requeue_pending(self) -> None:
         for pod in self.pods.store.list():
             if self._unscheduled(pod):
-                self.queue.add(("pod", object_key(pod)))
-
-    def _consumer_active(self, ref: Mapping[str, Any]) -> bool:
-        if ref.get("resource") != "pods":
-            return True  # not ours to judge
-        pods = self.pods.store.by_index("uid", str(ref.get("uid") or ""))
-        return any((p.get("status") or {}).get("phase") not in _TERMINAL for p in pods)
+                self.queue.add(object_key(pod))
 
     # --- sync ------------------------------------------------------------------------------
 
-    async def sync(self, key: Key) -> None:
-        kind, name = key
-        if kind == "pod":
-            await self._schedule(name)
-        else:
-            await self._release(name)
-
-    async def _schedule(self, key: str) -> None:
+    async def sync(self, key: str) -> None:
         pod = self.pods.store.get(key)
         if pod is None or not self._unscheduled(pod):
             return
@@ -239,9 +215,7 @@ class Scheduler(Loop[Key]):
         for p in self.pods.store.list():
             m = meta(p)
             node = (p.get("spec") or {}).get("nodeName") or self._bound.get(uid_of(p))
-            if not node or m.get("deletionTimestamp"):
-                continue
-            if (p.get("status") or {}).get("phase") in _TERMINAL:
+            if not node or is_terminal(p):
                 continue
             out.append(PlacedPod(str(m.get("namespace") or ""), m.get("labels") or {}, node))
         return out
@@ -263,7 +237,7 @@ class Scheduler(Loop[Key]):
             current[uid_of(claim)] = claim
         for uid, assumed in list(self._assumed.items()):
             cached = current.get(uid)
-            if cached is None or resource_version(cached) != assumed.rv_before:
+            if cached is None or resource_version(cached) not in assumed.stale:
                 del self._assumed[uid]  # the cache has caught up (or the claim is gone)
             else:
                 used |= assumed.devices
@@ -343,24 +317,33 @@ class Scheduler(Loop[Key]):
     ) -> None:
         status = copy.deepcopy(claim.get("status") or {})
         changed = False
-        if result is not None:
-            status["allocation"] = copy.deepcopy(result.allocation)
-            changed = True
-        if not is_reserved_for(claim, uid_of(pod)):
-            status["reservedFor"] = [*status.get("reservedFor", []), pod_ref(pod)]
-            changed = True
-        if not changed:
-            return
-        body = {**claim, "status": status}
+        stale = {resource_version(claim)}  # versions the cache may show before our write
+        api = self.kube.resource(RESOURCE_CLAIMS)
         try:
-            await self.kube.resource(RESOURCE_CLAIMS).replace(body, subresource="status")
+            if result is not None:
+                if DELETE_PROTECTION_FINALIZER not in (meta(claim).get("finalizers") or []):
+                    # Protect the claim before it holds devices: deleting it while it is in
+                    # use must leave it until the resourceclaim controller releases it.
+                    protected = copy.deepcopy(claim)
+                    protected["metadata"]["finalizers"] = [
+                        *(meta(claim).get("finalizers") or []),
+                        DELETE_PROTECTION_FINALIZER,
+                    ]
+                    claim = await api.replace(protected)
+                    stale.add(resource_version(claim))
+                status["allocation"] = copy.deepcopy(result.allocation)
+                changed = True
+            if not is_reserved_for(claim, uid_of(pod)):
+                status["reservedFor"] = [*status.get("reservedFor", []), pod_ref(pod)]
+                changed = True
+            if not changed:
+                return
+            await api.replace({**claim, "status": status}, subresource="status")
         except ConflictError:
             log.info("claim %s changed meanwhile; retrying its pod", object_key(claim))
             raise
         if result is not None:
-            self._assumed[uid_of(claim)] = _Assumed(
-                resource_version(claim), frozenset(result.device_keys)
-            )
+            self._assumed[uid_of(claim)] = _Assumed(frozenset(stale), frozenset(result.device_keys))
 
     async def _bind(self, pod: JsonDict, node: str) -> None:
         m = meta(pod)
@@ -421,29 +404,3 @@ class Scheduler(Loop[Key]):
             )
         except NotFoundError:
             return
-
-    async def _release(self, key: str) -> None:
-        claim = self.claims.store.get(key)
-        if claim is None:
-            return
-        entries = reserved_for(claim)
-        keep = [r for r in entries if self._consumer_active(r)]
-        if len(keep) == len(entries):
-            return
-        owner = controller_owner_uid(claim)
-        if owner and not self.pods.store.index_keys("uid", owner):
-            return  # generated for a pod that is gone: the garbage collector deletes it
-        status = copy.deepcopy(claim.get("status") or {})
-        if keep:
-            status["reservedFor"] = keep
-        else:
-            status.pop("reservedFor", None)
-            if not meta(claim).get("deletionTimestamp"):
-                status.pop("allocation", None)
-        try:
-            await self.kube.resource(RESOURCE_CLAIMS).replace(
-                {**claim, "status": status}, subresource="status"
-            )
-        except NotFoundError:
-            return
-        log.info("released ResourceClaim %s (%d consumers left)", key, len(keep))
