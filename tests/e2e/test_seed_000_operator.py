@@ -15,6 +15,7 @@ import yaml
 from neuron_dra.common import constants as c
 from neuron_dra.common.commands.sim_walkthrough import Walkthrough, workload_for_sim
 from neuron_dra.common.paths import repo_root
+from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.simcluster import SimCluster, ultraservers
 from neuron_dra.common.testing.simcluster.topology import node_dns_name
 
@@ -87,7 +88,13 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     assert len(tagged) == 8 and all(n.startswith("trn2u-") for n in tagged)
 
     deploy = await sim.apply(deployment())
-    pods = await walk.running(deploy.pod_names())
+    pods = await walk.running_workload(deploy)
+    # The Deployment's pods are named by the server: <name>-<5 random characters>.
+    assert all(
+        p["metadata"]["name"].startswith("my-training-workload-deployment-")
+        and len(p["metadata"]["name"]) == len("my-training-workload-deployment-") + 5
+        for p in pods
+    )
     got = ranks(walk, pods)
     assert sorted(got) == list(range(8))
     nodes = [node for _, node, _ in got.values()]
@@ -101,11 +108,14 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
 
     # A ninth replica finds no node reserved for the workload and waits.
     assert sim.cp is not None
+    first_eight = {p["metadata"]["name"] for p in pods}
     deploy.scale(9)
-    events = await sim.wait_until(
-        lambda: sim.events("my-training-workload-deployment-8", "FailedScheduling"),
-        "ninth pod unschedulable",
-    )
+
+    def ninth_refused() -> list[dict[str, Any]]:
+        ninth = [p for p in sim.active_pods(deploy) if p["metadata"]["name"] not in first_eight]
+        return [e for p in ninth for e in sim.events(p["metadata"]["name"], "FailedScheduling")]
+
+    events = await sim.wait_until(ninth_refused, "ninth pod unschedulable")
     assert events[0]["type"] == "Warning"
 
     # Deleting the workload while its pods run: template, claims and tags go, nodes free.
@@ -117,16 +127,23 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
         lambda: all(u["status"]["state"] == "Available" for u in sim.ultraservers()),
         "UltraServers Available",
     )
+
+    def claims_of_workload() -> list[dict[str, Any]]:
+        return [
+            x
+            for x in sim.claims(NS)
+            if x["metadata"].get("labels", {}).get(c.LABEL_WORKLOAD_ID) == wid
+        ]
+
     await sim.wait_until(
-        lambda: (
-            not [
-                x
-                for x in sim.claims(NS)
-                if x["metadata"].get("labels", {}).get(c.LABEL_WORKLOAD_ID) == wid
-            ]
-        ),
+        lambda: all(x["metadata"].get("deletionTimestamp") for x in claims_of_workload()),
         "the workload's claims deleted",
     )
+    # Still in use by the Deployment's pods, they stay Terminating (delete-protection) until
+    # those pods are gone.
+    assert claims_of_workload()
+    await sim.remove(deploy)
+    await sim.wait_until(lambda: not claims_of_workload(), "the claims gone with their pods")
 
 
 async def test_walkthrough_operator_step_passes(walk: Walkthrough) -> None:
@@ -145,18 +162,27 @@ async def spare_cluster() -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
 
 async def run_and_fail(
     sim: SimCluster, walk: Walkthrough, strategy: str
-) -> tuple[dict[int, tuple[str, str, str]], str, str]:
+) -> tuple[PodSet, dict[int, tuple[str, str, str]], str, str]:
     """Allocate the seed workload with ``strategy``, run the Deployment, kill rank 5's node.
-    Returns (ranks before, the failed node, its UltraServer)."""
+    Returns (the Deployment, ranks before, the failed node, its UltraServer)."""
     await sim.apply(seed_workload(strategy))
     await allocated(sim)
     deploy = await sim.apply(deployment())
-    before = ranks(walk, await walk.running(deploy.pod_names()))
+    before = ranks(walk, await walk.running_workload(deploy))
     failed = before[5][1]
     await sim.fail_node(failed)
     us = next(n.ultraserver_id for n in sim.nodes if n.name == failed)
     assert us is not None
-    return before, failed, us
+    return deploy, before, failed, us
+
+
+def stuck_on(sim: SimCluster, node: str) -> list[dict[str, Any]]:
+    """Pods deleted on ``node`` that stay Terminating: its kubelet is gone."""
+    return [
+        p
+        for p in sim.pods(NS)
+        if p["spec"].get("nodeName") == node and p["metadata"].get("deletionTimestamp")
+    ]
 
 
 def conditions(sim: SimCluster) -> dict[str, dict[str, Any]]:
@@ -168,7 +194,7 @@ async def test_noop_reports_and_moves_nothing(
     spare_cluster: tuple[SimCluster, Walkthrough],
 ) -> None:
     sim, walk = spare_cluster
-    before, failed, _ = await run_and_fail(sim, walk, "NoOp")
+    _, before, failed, _ = await run_and_fail(sim, walk, "NoOp")
     await sim.wait_until(lambda: state(sim) == "PartiallyAllocated", "PartiallyAllocated")
     degraded = conditions(sim)["Degraded"]
     assert degraded["status"] == "True" and failed in degraded["message"]
@@ -185,11 +211,11 @@ async def test_restart_all_reallocates_everything_and_restarts_every_pod(
     spare_cluster: tuple[SimCluster, Walkthrough],
 ) -> None:
     sim, walk = spare_cluster
-    before, failed, failed_us = await run_and_fail(sim, walk, "RestartAll")
+    deploy, before, failed, failed_us = await run_and_fail(sim, walk, "RestartAll")
     old = {u for u, _, _ in before.values()}
 
     def restarted() -> list[dict[str, Any]] | None:
-        pods = sim.running([f"my-training-workload-deployment-{i}" for i in range(8)])
+        pods = sim.running_workload(deploy)
         if pods and not ({p["metadata"]["uid"] for p in pods} & old) and state(sim) == "Allocated":
             return pods
         return None
@@ -203,19 +229,23 @@ async def test_restart_all_reallocates_everything_and_restarts_every_pod(
     assert failed_us not in status["allocatedUltraServers"]
     assert status["totalNodesAllocated"] == 8
     await sim.wait_until(lambda: sim.events(NAME, "NodeFailure"), "NodeFailure event")
+    # The dead node's pod was deleted too, but no kubelet ends its grace period: it stays
+    # Terminating (its claim held by it), as in Kubernetes, while its replacement runs.
+    (stuck,) = stuck_on(sim, failed)
+    assert stuck["metadata"]["uid"] in old
 
 
 async def test_replace_affected_swaps_the_failed_unit_and_restarts_only_its_pods(
     spare_cluster: tuple[SimCluster, Walkthrough],
 ) -> None:
     sim, walk = spare_cluster
-    before, _, failed_us = await run_and_fail(sim, walk, "ReplaceAffected")
+    deploy, before, failed, failed_us = await run_and_fail(sim, walk, "ReplaceAffected")
     us_of = {n.name: n.ultraserver_id for n in sim.nodes}
     affected = {r for r, (_, node, _) in before.items() if us_of[node] == failed_us}
     assert affected == {4, 5, 6, 7}
 
     def replaced() -> list[dict[str, Any]] | None:
-        pods = sim.running([f"my-training-workload-deployment-{i}" for i in range(8)])
+        pods = sim.running_workload(deploy)
         if not pods or state(sim) != "Allocated":
             return None
         now = ranks(walk, pods)
@@ -231,6 +261,8 @@ async def test_replace_affected_swaps_the_failed_unit_and_restarts_only_its_pods
     status = sim.workload(NAME)["status"]  # type: ignore[index]
     assert failed_us not in status["allocatedUltraServers"]
     await sim.wait_until(lambda: sim.events(NAME, "UnitsReplaced"), "UnitsReplaced event")
+    (stuck,) = stuck_on(sim, failed)
+    assert stuck["metadata"]["uid"] == before[5][0]
 
 
 async def test_seed_workload_file_is_the_seed_as_written() -> None:

@@ -92,7 +92,7 @@ async def test_two_node_units_get_the_init_scripts_environment(
             },
         }
     )
-    pods = await walk.running(deploy.pod_names())
+    pods = await walk.running_workload(deploy)
     envs = {}
     for pod in pods:
         v = walk.view(pod)

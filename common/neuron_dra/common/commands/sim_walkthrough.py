@@ -193,6 +193,14 @@ class Walkthrough:
             lambda: self.sim.running(names), f"pods {', '.join(names)} Running"
         )
 
+    async def running_workload(self, workload: PodSet) -> list[JsonDict]:
+        """The workload's pods once all it wants are Running (pod names are the server's,
+        ``<name>-<5 random characters>`` for a Deployment)."""
+        return await self.sim.wait_until(
+            lambda: self.sim.running_workload(workload),
+            f"{workload.expected} pods of {workload.set_name} Running",
+        )
+
     async def create_pod(self, name: str, template: str, claim: str = "neurons") -> None:
         await self.sim.apply(
             {
@@ -224,14 +232,17 @@ class Walkthrough:
         await self.idle()
 
     async def idle(self) -> None:
-        """No claims left and every node's CDI directory empty (all unprepared)."""
+        """No pods or claims left and every node's CDI directory empty (all unprepared):
+        deleted pods are gone once their kubelet has unprepared their claims."""
 
         def done() -> bool:
-            return not self.sim.claims() and not any(
-                list(self.sim.cdi_root(n.name).glob("*.json")) for n in self.sim.nodes
+            return (
+                not self.sim.pods(NS)
+                and not self.sim.claims()
+                and not any(list(self.sim.cdi_root(n.name).glob("*.json")) for n in self.sim.nodes)
             )
 
-        await self.sim.wait_until(done, "claims released and unprepared")
+        await self.sim.wait_until(done, "pods gone, claims released and unprepared")
 
     # --- steps ---------------------------------------------------------------------------
 
@@ -344,8 +355,7 @@ class Walkthrough:
     async def ultraserver_groups(self) -> None:
         await self.apply_spec("ultraserver-4-node.yaml")
         (lws,) = await self.apply_spec("ultraserver-4-node-lws.yaml")
-        names = lws.pod_names()
-        pods = await self.running(names)
+        pods = await self.running_workload(lws)
         rows = []
         groups: dict[str, list[PodView]] = {}
         for pod in pods:
@@ -446,7 +456,7 @@ class Walkthrough:
         )
 
         (deploy,) = await self.apply_spec("ultraserver-training-deployment.yaml")
-        pods = await self.running(deploy.pod_names())
+        pods = await self.running_workload(deploy)
         rows = []
         ranks: dict[int, PodView] = {}
         for pod in pods:

@@ -32,6 +32,7 @@ from neuron_dra.common.testing.controlplane import (
     ControlPlane,
     ensure_device_classes,
 )
+from neuron_dra.common.testing.controlplane.base import is_active
 from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.testing.waiting import Listeners, wait_until
@@ -250,7 +251,9 @@ class SimCluster:
     async def fail_node(self, name: str) -> None:
         """The node dies: its kubelet and plugin stop, and the node controller marks the Node
         NotReady (Kubernetes would after the grace period). Its ResourceSlice stays, as it
-        does in a real cluster until the node object goes."""
+        does in a real cluster until the node object goes. Its pods, once deleted, stay
+        Terminating (no kubelet ends their grace period), and so do the claims they hold;
+        a ReplicaSet replaces them at once, as it counts only pods not being deleted."""
         assert self.cp is not None
         self.failed.add(name)
         await self.cp.kubelets[name].stop()
@@ -320,6 +323,21 @@ class SimCluster:
             return {}
         specs = load_specs(self.cdi_root(node))
         return {name: resolve(specs, ids) for name, ids in json.loads(raw).items()}
+
+    def active_pods(self, workload: PodSet) -> list[JsonDict]:
+        """The workload's pods that are neither being deleted nor terminal, by name."""
+        pods = self.pods(workload.namespace, workload.label_selector)
+        return [p for p in pods if is_active(p)]
+
+    def running_workload(self, workload: PodSet) -> list[JsonDict] | None:
+        """The workload's active pods, once it has as many as it wants and all of them are
+        Running (for :meth:`wait_until`). Pods still Terminating are not counted."""
+        pods = self.active_pods(workload)
+        if len(pods) != workload.expected:
+            return None
+        if any(p.get("status", {}).get("phase") != "Running" for p in pods):
+            return None
+        return pods
 
     def running(self, names: Iterable[str], namespace: str = "default") -> list[JsonDict] | None:
         """The pods, once all of them are Running (for :meth:`wait_until`)."""
