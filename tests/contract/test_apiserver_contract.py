@@ -348,6 +348,10 @@ async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient) -> None:
             _request_timeout=T,
         )
     assert err.value.status == 409
+    assert _body(err.value)["message"].startswith(
+        'Operation cannot be fulfilled on Pod "bound": the UID in the precondition '
+        f"(not-this-pod) does not match the UID in record ({uid})"
+    )
 
     await _delete_pod(api, "bound", gracePeriodSeconds=0, preconditions={"uid": uid})
     with pytest.raises(ApiException) as err:

@@ -572,12 +572,15 @@ class ApiCore:
         meta = cur["metadata"]
         pre = opts.get("preconditions") or {}
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            raise self.conflict(rt, name, f"Precondition failed: UID in precondition: "
-                                          f"{pre['uid']}, UID in object meta: {meta.get('uid')}")
+            raise self._precondition_failed(
+                rt, name, f"the UID in the precondition ({pre['uid']}) does not match the UID in "
+                f"record ({meta.get('uid')}). The object might have been deleted and then "
+                "recreated")
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-            raise self.conflict(rt, name, f"Precondition failed: ResourceVersion in precondition: "
-                                          f"{pre['resourceVersion']}, ResourceVersion in object "
-                                          f"meta: {meta['resourceVersion']}")
+            raise self._precondition_failed(
+                rt, name, f"the ResourceVersion in the precondition ({pre['resourceVersion']}) "
+                f"does not match the ResourceVersion in record ({meta['resourceVersion']}). The "
+                "object might have been modified")
         policy = opts.get("propagationPolicy")
         if policy is None and opts.get("orphanDependents") is True:
             policy = "Orphan"
@@ -608,6 +611,15 @@ class ApiCore:
         assert gone is not None
         self.after_removal(gone, policy)
         return self.as_version(rt, gone.obj), True
+
+    @staticmethod
+    def _precondition_failed(rt: ResourceType, name: str, detail: str) -> ApiError:
+        """rest.BeforeDelete's 409: it names the kind (``Pod``, ``ResourceClaim.resource.k8s.io``)
+        where other conflicts name the resource."""
+        kind = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+        return ApiError(status(409, "Conflict",
+                               f'Operation cannot be fulfilled on {kind} "{name}": {detail}',
+                               name=name, group=rt.group, kind=rt.kind))
 
     def _grace_option(self, opts: JSON) -> int | None:
         """``gracePeriodSeconds`` from the body or the query (a string there)."""
