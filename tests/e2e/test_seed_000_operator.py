@@ -135,15 +135,21 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
             if x["metadata"].get("labels", {}).get(c.LABEL_WORKLOAD_ID) == wid
         ]
 
+    # The seed's cascade: the workload's pods are evicted with their claims. The Deployment
+    # re-creates its pods, which stay Pending: their template is gone.
+    await sim.wait_until(lambda: not claims_of_workload(), "the workload's claims gone")
     await sim.wait_until(
-        lambda: all(x["metadata"].get("deletionTimestamp") for x in claims_of_workload()),
-        "the workload's claims deleted",
+        lambda: (
+            (pods := sim.pods(NS, "app=ultraserver-training"))
+            and all(
+                p["status"].get("phase") == "Pending" and not p["spec"].get("nodeName")
+                for p in pods
+            )
+        ),
+        "the Deployment's pods evicted and unschedulable",
     )
-    # Still in use by the Deployment's pods, they stay Terminating (delete-protection) until
-    # those pods are gone.
-    assert claims_of_workload()
+    assert not {p["metadata"]["uid"] for p in sim.pods(NS)} & {u for u, _, _ in got.values()}
     await sim.remove(deploy)
-    await sim.wait_until(lambda: not claims_of_workload(), "the claims gone with their pods")
 
 
 async def test_walkthrough_operator_step_passes(walk: Walkthrough) -> None:

@@ -1428,6 +1428,10 @@ class WorkloadReconciler:
                 ),
             ),
         )
+        # The seed's cascade: deleting the workload removes its pods. Evict them (and delete
+        # their claims) before the nodes are released, so no pod of a deleted workload keeps
+        # running on nodes another workload is given.
+        await self._delete_claims(obj, wid, on_nodes=None)
         if entries:
             await self._mark_releasing(entries)
             waiting = self._waiting_for_tags(entries)
@@ -1446,7 +1450,9 @@ class WorkloadReconciler:
             await self._remove_entries(entries)
         self._releasing_since.pop(key, None)
         await self._delete_template(obj)
-        await self._delete_claims(obj, wid, on_nodes=None, evict_pods=False)
+        # Again after the template is gone: a workload controller may have recreated a pod
+        # (and the claim controller its claim) from the template in the meantime.
+        await self._delete_claims(obj, wid, on_nodes=None)
         await self._event(obj, EventType.NORMAL, "Deallocated", f"released workloadId {wid}")
         await remove_finalizer(
             self.ctx.kube.resource(NEURON_ULTRASERVER_WORKLOADS),
@@ -1556,11 +1562,11 @@ class WorkloadReconciler:
                 )
 
     async def _delete_claims(
-        self, obj: JsonDict, wid: str, *, on_nodes: set[str] | None, evict_pods: bool = True
+        self, obj: JsonDict, wid: str, *, on_nodes: set[str] | None
     ) -> list[str]:
-        """Delete the workload's ResourceClaims (all, or those allocated on ``on_nodes``) and,
-        with ``evict_pods``, the pods using them: a claim in use is only removed once its
-        pods are gone, so deleting the claim alone would not restart anything."""
+        """Delete the workload's ResourceClaims (all, or those allocated on ``on_nodes``) and
+        the pods using them: a claim in use is only removed once its pods are gone, so
+        deleting the claim alone would not restart (or stop) anything."""
         namespace = str(_meta(obj).get("namespace"))
         claims_api = self.ctx.kube.resource(RESOURCE_CLAIMS)
         pods_api = self.ctx.kube.resource(PODS)
@@ -1571,15 +1577,14 @@ class WorkloadReconciler:
                 continue
             cmeta = _meta(claim)
             cname = str(cmeta.get("name"))
-            if evict_pods:
-                for user in _status(claim).get("reservedFor") or []:
-                    if user.get("resource") != "pods" or not user.get("name"):
-                        continue
-                    # Gone already, or a new pod of the same name (uid precondition): not ours.
-                    with contextlib.suppress(NotFoundError, ConflictError):
-                        await pods_api.delete(
-                            str(user["name"]), namespace, uid=str(user.get("uid") or "") or None
-                        )
+            for user in _status(claim).get("reservedFor") or []:
+                if user.get("resource") != "pods" or not user.get("name"):
+                    continue
+                # Gone already, or a new pod of the same name (uid precondition): not ours.
+                with contextlib.suppress(NotFoundError, ConflictError):
+                    await pods_api.delete(
+                        str(user["name"]), namespace, uid=str(user.get("uid") or "") or None
+                    )
             try:
                 await claims_api.delete(cname, namespace, uid=str(cmeta.get("uid") or "") or None)
                 deleted.append(cname)
