@@ -119,6 +119,9 @@ SLICES_BY_NODE: Final = "workloads/by-node"
 #: Index on ``ctx.ultraservers``: workloadRef → keys of the NeuronUltraServers holding an
 #: allocation entry of it (``pending_keys`` runs on every NeuronUltraServer event).
 NUS_BY_WORKLOAD: Final = "workloads/by-workload-ref"
+#: Index on ``ctx.claims``: "namespace/workloadId" → the claims of that workload (every
+#: healthy reconcile looks for strays among its own claims, not the fleet's).
+CLAIMS_BY_WORKLOAD: Final = "workloads/claims-by-workload-id"
 
 
 #: Histogram buckets (seconds) for reconcile and decision times: fine below 100 ms, where the
@@ -659,6 +662,8 @@ class WorkloadReconciler:
             ctx.slices.add_index(SLICES_BY_NODE, _slice_node)
         if NUS_BY_WORKLOAD not in ctx.ultraservers.index_names():
             ctx.ultraservers.add_index(NUS_BY_WORKLOAD, _allocation_refs)
+        if CLAIMS_BY_WORKLOAD not in ctx.claims.index_names():
+            ctx.claims.add_index(CLAIMS_BY_WORKLOAD, _claim_workload)
         #: node name → node_problem(), forgotten for a node when its Node or slices change.
         self._problems: dict[str, str | None] = {}
         self._node_changes = StoreChanges(ctx.nodes)
@@ -1110,16 +1115,12 @@ class WorkloadReconciler:
         After a move (RestartAll, ReplaceAffected) a released node keeps the workload's tag
         until its plugin republishes, and the scheduler may place a new claim there; the
         plugin refuses to prepare it, so without a move the pod would wait forever."""
-        namespace = str(_meta(obj).get("namespace"))
         ours = {n for h in held for n in h.nodes}
+        key = f"{_meta(obj).get('namespace')}/{wid}"
         stray: set[str] = set()
-        for claim in self.ctx.claims.list():
-            meta = _meta(claim)
-            if meta.get("namespace") != namespace or meta.get("deletionTimestamp"):
-                continue
-            if (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID) != wid:
-                continue
-            stray |= claim_pools(claim) - ours
+        for claim in self.ctx.claims.by_index(CLAIMS_BY_WORKLOAD, key):
+            if not _meta(claim).get("deletionTimestamp"):
+                stray |= claim_pools(claim) - ours
         return stray
 
     async def _move_strays(self, obj: JsonDict, wid: str, held: list[Held]) -> None:
@@ -1670,6 +1671,12 @@ def _allocation_refs(nus: Mapping[str, Any]) -> list[str]:
         for e in _status(nus).get("allocations") or []
         if isinstance(e, Mapping)
     ]
+
+
+def _claim_workload(claim: JsonDict) -> list[str]:
+    meta = _meta(claim)
+    wid = (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID)
+    return [f"{meta.get('namespace', '')}/{wid}"] if wid else []
 
 
 def _slice_node(obj: JsonDict) -> list[str]:
