@@ -36,11 +36,9 @@ async def reset(sim: SimCluster) -> None:
     def idle() -> bool:
         states = {(u.get("status") or {}).get("state") for u in sim.ultraservers()}
         return (
-            not sim.pods(NS)
-            and not sim.claims(NS)
+            sim.idle(NS)
             and not sim.api.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS)
             and states <= {"Available"}
-            and not any(list(sim.cdi_root(n.name).glob("*.json")) for n in sim.nodes)
         )
 
     await sim.wait_until(idle, "the cluster back to idle")

@@ -235,14 +235,9 @@ class Walkthrough:
         """No pods or claims left and every node's CDI directory empty (all unprepared):
         deleted pods are gone once their kubelet has unprepared their claims."""
 
-        def done() -> bool:
-            return (
-                not self.sim.pods(NS)
-                and not self.sim.claims()
-                and not any(list(self.sim.cdi_root(n.name).glob("*.json")) for n in self.sim.nodes)
-            )
-
-        await self.sim.wait_until(done, "pods gone, claims released and unprepared")
+        await self.sim.wait_until(
+            lambda: self.sim.idle(NS), "pods gone, claims released and unprepared"
+        )
 
     # --- steps ---------------------------------------------------------------------------
 

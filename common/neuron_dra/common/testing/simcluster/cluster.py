@@ -25,7 +25,7 @@ from typing import Any, Self, TypeVar
 
 import yaml
 from neuron_dra.common.constants import DRIVER_NAMESPACE
-from neuron_dra.common.k8s.client import KubeClient, connect
+from neuron_dra.common.k8s.client import ApiResource, KubeClient, ResourceClient, connect
 from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.common.testing.controlplane import (
     CDI_DEVICES_ANNOTATION,
@@ -211,11 +211,12 @@ class SimCluster:
 
     # --- applying manifests ----------------------------------------------------------------
 
-    def _path(self, api_version: str, kind: str, namespace: str, name: str = "") -> str:
+    def _resource(self, api_version: str, kind: str) -> tuple[ResourceClient, bool]:
+        """The client for a kind the fake API server serves, and whether it is namespaced."""
+        assert self.kube is not None
         rt = self.api.resource_type(api_version, kind)
-        base = f"/apis/{rt.group}/{rt.version}" if rt.group else f"/api/{rt.version}"
-        where = f"/namespaces/{namespace}" if rt.namespaced else ""
-        return f"{base}{where}/{rt.plural}" + (f"/{name}" if name else "")
+        res = ApiResource(rt.group, rt.version, rt.plural, rt.kind, rt.namespaced)
+        return self.kube.resource(res), rt.namespaced
 
     async def apply(self, manifest: Mapping[str, Any], namespace: str = "default") -> Any:
         """Create an API object over HTTP as ``kubectl create`` does (admission errors come
@@ -226,17 +227,16 @@ class SimCluster:
         if manifest.get("kind") in WORKLOAD_KINDS:
             return await self.cp.run(manifest, namespace)
         ns = str((manifest.get("metadata") or {}).get("namespace") or namespace)
-        path = self._path(str(manifest.get("apiVersion")), str(manifest.get("kind")), ns)
-        return await self.kube.request("POST", path, body=dict(manifest))
+        api, namespaced = self._resource(str(manifest.get("apiVersion")), str(manifest.get("kind")))
+        return await api.create(dict(manifest), ns if namespaced else None)
 
     async def delete(
         self, api_version: str, kind: str, name: str, namespace: str = "default"
     ) -> None:
         """Delete over HTTP (background propagation, as kubectl); gone already is fine."""
-        assert self.kube is not None
-        path = self._path(api_version, kind, namespace, name)
+        api, namespaced = self._resource(api_version, kind)
         with contextlib.suppress(NotFoundError):
-            await self.kube.request("DELETE", path)
+            await api.delete(name, namespace if namespaced else None)
 
     async def apply_file(self, path: Path, namespace: str = "default") -> list[Any]:
         docs = [d for d in yaml.safe_load_all(await asyncio.to_thread(path.read_text)) if d]
@@ -314,6 +314,15 @@ class SimCluster:
             if (name is None or e.get("regarding", {}).get("name") == name)
             and (reason is None or e.get("reason") == reason)
         ]
+
+    def idle(self, namespace: str = "default") -> bool:
+        """No pods or claims left in ``namespace`` and every node's CDI directory empty: the
+        deleted pods' kubelets have unprepared their claims (for :meth:`wait_until`)."""
+        return (
+            not self.pods(namespace)
+            and not self.claims(namespace)
+            and not any(list(self.cdi_root(n.name).glob("*.json")) for n in self.nodes)
+        )
 
     def container_devices(self, pod: Mapping[str, Any]) -> dict[str, ContainerDevices]:
         """Container name → what a CDI runtime on the pod's node would inject."""
