@@ -456,7 +456,7 @@ class Walkthrough:
         ranks: dict[int, PodView] = {}
         for pod in pods:
             v = self.view(pod)
-            node = self.sim._node(v.node)
+            node = self.sim.node(v.node)
             rank = int(v.env.get(ENV_RANK, "-1"))
             ranks[rank] = v
             rows.append(

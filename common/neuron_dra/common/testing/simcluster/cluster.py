@@ -76,7 +76,6 @@ class SimCluster:
         self.manager: Any = None  # ControllerManager (imported lazily: controller package)
         self.plugins: dict[str, Any] = {}  # node → KubeletPlugin
         self._clients: list[KubeClient] = []
-        self.failed: set[str] = set()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -134,7 +133,7 @@ class SimCluster:
     async def start_plugin(self, node_name: str) -> None:
         from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 
-        node = self._node(node_name)
+        node = self.node(node_name)
         root = self.node_root(node_name)
         plugin = KubeletPlugin(
             PluginConfig(
@@ -191,7 +190,7 @@ class SimCluster:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _node(self, name: str) -> SimNode:
+    def node(self, name: str) -> SimNode:
         for node in self.nodes:
             if node.name == name:
                 return node
@@ -255,7 +254,6 @@ class SimCluster:
         Terminating (no kubelet ends their grace period), and so do the claims they hold;
         a ReplicaSet replaces them at once, as it counts only pods not being deleted."""
         assert self.cp is not None
-        self.failed.add(name)
         await self.cp.kubelets[name].stop()
         plugin = self.plugins.pop(name, None)
         if plugin is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -117,7 +117,3 @@ def ready_condition(ready: bool, *, reason: str | None = None) -> dict[str, Any]
         "reason": reason or ("KubeletReady" if ready else "KubeletNotReady"),
         "message": "kubelet is posting ready status" if ready else "kubelet stopped posting",
     }
-
-
-def instance_types(nodes: Iterable[SimNode]) -> list[str]:
-    return sorted({n.instance_type for n in nodes})
