@@ -84,7 +84,7 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     (owner,) = rct["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == (c.KIND_WORKLOAD, NAME)
     wid = status["workloadId"]
-    tagged = await sim.wait_until(lambda: walk._tagged(wid), "tags")
+    tagged = await sim.wait_until(lambda: walk.tagged_nodes(wid), "tags")
     assert len(tagged) == 8 and all(n.startswith("trn2u-") for n in tagged)
 
     deploy = await sim.apply(deployment())
@@ -122,7 +122,7 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, NAME, NS)
     await sim.wait_until(lambda: sim.workload(NAME) is None, "workload gone")
     assert sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS) is None
-    await sim.wait_until(lambda: not walk._tagged(wid), "tags cleared")
+    await sim.wait_until(lambda: not walk.tagged_nodes(wid), "tags cleared")
     await sim.wait_until(
         lambda: all(u["status"]["state"] == "Available" for u in sim.ultraservers()),
         "UltraServers Available",

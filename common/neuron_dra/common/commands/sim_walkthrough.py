@@ -440,7 +440,7 @@ class Walkthrough:
         rct_name = workload["spec"]["resourceClaimTemplate"]["name"]
         rct = self.sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS)
         expect(rct is not None, f"ResourceClaimTemplate {rct_name} generated")
-        tagged = await self.sim.wait_until(lambda: self._tagged(wid), "8 nodes tagged")
+        tagged = await self.sim.wait_until(lambda: self.tagged_nodes(wid), "8 nodes tagged")
         self.say(
             f"  ResourceClaimTemplate {rct_name} generated; workloadId {wid} on the devices "
             f"of {len(tagged)} nodes"
@@ -490,10 +490,10 @@ class Walkthrough:
         await self.sim.wait_until(lambda: self.sim.workload(name) is None, f"workload {name} gone")
         gone = self.sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS) is None
         expect(gone, f"ResourceClaimTemplate {rct_name} deleted with the workload")
-        await self.sim.wait_until(lambda: not self._tagged(wid) or None, "tags cleared")
+        await self.sim.wait_until(lambda: not self.tagged_nodes(wid) or None, "tags cleared")
         self.say(f"  released: template {rct_name} deleted, workloadId cleared from every slice")
 
-    def _tagged(self, wid: str) -> list[str]:
+    def tagged_nodes(self, wid: str) -> list[str]:
         return sorted(
             s["spec"]["nodeName"]
             for s in self.sim.slices()
