@@ -26,18 +26,18 @@ async def reset(sim: SimCluster) -> None:
     assert sim.cp is not None
     for workload in list(sim.cp.workloads):
         await sim.cp.remove(workload)
-    for w in sim.api.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS):
+    for w in sim.view.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS):
         await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, w["metadata"]["name"], NS)
     for pod in sim.pods(NS):
         await sim.delete("v1", "Pod", pod["metadata"]["name"], NS)
-    for rct in sim.api.list("resource.k8s.io/v1", "ResourceClaimTemplate", NS):
+    for rct in sim.view.list("resource.k8s.io/v1", "ResourceClaimTemplate", NS):
         await sim.delete("resource.k8s.io/v1", "ResourceClaimTemplate", rct["metadata"]["name"], NS)
 
     def idle() -> bool:
         states = {(u.get("status") or {}).get("state") for u in sim.ultraservers()}
         return (
             sim.idle(NS)
-            and not sim.api.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS)
+            and not sim.view.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS)
             and states <= {"Available"}
         )
 

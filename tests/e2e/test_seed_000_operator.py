@@ -79,7 +79,7 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
         {n.ultraserver_id for n in sim.nodes if n.ultraserver_id}
     )
     datetime.fromisoformat(status["allocationTime"].replace("Z", "+00:00"))
-    rct = sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS)
+    rct = sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS)
     assert rct is not None
     (owner,) = rct["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == (c.KIND_WORKLOAD, NAME)
@@ -109,7 +109,7 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     # A ninth replica finds no node reserved for the workload and waits.
     assert sim.cp is not None
     first_eight = {p["metadata"]["name"] for p in pods}
-    deploy.scale(9)
+    await sim.scale(deploy, 9)
 
     def ninth_refused() -> list[dict[str, Any]]:
         ninth = [p for p in sim.active_pods(deploy) if p["metadata"]["name"] not in first_eight]
@@ -121,7 +121,7 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     # Deleting the workload while its pods run: template, claims and tags go, nodes free.
     await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, NAME, NS)
     await sim.wait_until(lambda: sim.workload(NAME) is None, "workload gone")
-    assert sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS) is None
+    assert sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS) is None
     await sim.wait_until(lambda: not walk.tagged_nodes(wid), "tags cleared")
     await sim.wait_until(
         lambda: all(u["status"]["state"] == "Available" for u in sim.ultraservers()),

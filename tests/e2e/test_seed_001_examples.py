@@ -86,7 +86,7 @@ async def test_example_3_four_node_groups_each_fill_one_ultraserver(
     groups: dict[str, set[str]] = {}
     for pod in pods:
         v = walk.view(pod)
-        node = sim.api.get("v1", "Node", v.node)
+        node = sim.view.get("v1", "Node", v.node)
         assert node is not None
         us = node["metadata"]["labels"][c.LABEL_ULTRASERVER_SERVER_ID_4]
         group = pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"]

@@ -25,7 +25,7 @@ US_LABELS = (
 
 
 def labels(sim: SimCluster, node: str) -> dict[str, str]:
-    obj = sim.api.get("v1", "Node", node)
+    obj = sim.view.get("v1", "Node", node)
     assert obj is not None
     return dict(obj["metadata"].get("labels") or {})
 

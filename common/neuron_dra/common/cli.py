@@ -39,6 +39,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--port", type=int, default=0, help="API server port (default: any free)")
     sim.add_argument(
+        "--kubernetes",
+        choices=("fake", "real"),
+        default="fake",
+        help="which Kubernetes the cluster runs on: 'fake' (default: our in-process API "
+        "server and simulated scheduler, starts in seconds, needs nothing else) or 'real' "
+        "(etcd, kube-apiserver, kube-controller-manager and kube-scheduler built by "
+        "`hack/k8s/build`; the same scenario judged by the real scheduler)",
+    )
+    sim.add_argument(
+        "--kubernetes-version",
+        default=None,
+        help="with --kubernetes real: the pinned minor to run (default: the newest pinned)",
+    )
+    sim.add_argument(
         "--workdir",
         help="directory for the nodes' files (emulated sysfs/dev, CDI specs, kubelet sockets); "
         "default: a new temporary directory, removed on exit",

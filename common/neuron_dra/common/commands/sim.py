@@ -50,14 +50,38 @@ async def run_sim(args: argparse.Namespace) -> int:
     print(f"component logs: {log_file}", file=out)
     workdir = Path(args.workdir) if getattr(args, "workdir", None) else None
     started = time.monotonic()
-    print(
-        "Starting the simulated cluster: fake kube-apiserver, neuron-dra-controller, one "
-        "neuron-dra-kubelet-plugin per emulated node, scheduler and kubelets ...",
-        file=out,
-    )
-    async with SimCluster(default_nodes(), workdir=workdir, api_port=args.port) as sim:
+    real = getattr(args, "kubernetes", "fake") == "real"
+    if real:
+        from neuron_dra.common.testing.kubebuild import newest_minor
+        from neuron_dra.common.testing.realcluster import RealTierUnavailable, bin_dir_for
+
+        minor = args.kubernetes_version or newest_minor()
+        try:
+            bin_dir_for(minor)
+        except RealTierUnavailable as err:
+            print(f"neuron-dra sim --kubernetes real: {err}", file=sys.stderr)
+            return 2
+        world = (
+            f"real Kubernetes {minor} (etcd, kube-apiserver, kube-controller-manager, "
+            "kube-scheduler), neuron-dra-controller, one neuron-dra-kubelet-plugin and a "
+            "simulated kubelet per emulated node"
+        )
+    else:
+        minor = None
+        world = (
+            "fake kube-apiserver, neuron-dra-controller, one neuron-dra-kubelet-plugin per "
+            "emulated node, scheduler and kubelets"
+        )
+    print(f"Starting the simulated cluster: {world} ...", file=out)
+    async with SimCluster(
+        default_nodes(),
+        workdir=workdir,
+        api_port=args.port,
+        kubernetes="real" if real else "fake",
+        minor=minor,
+    ) as sim:
         print(
-            f"  ready in {time.monotonic() - started:.1f} s; API server {sim.api.url}, "
+            f"  ready in {time.monotonic() - started:.1f} s; API server {sim.url}, "
             f"node files under {sim.workdir}\n",
             file=out,
         )

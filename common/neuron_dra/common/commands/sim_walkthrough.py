@@ -356,7 +356,7 @@ class Walkthrough:
         for pod in pods:
             v = self.view(pod)
             labels = pod["metadata"]["labels"]
-            node = self.sim.api.get("v1", "Node", v.node) or {}
+            node = self.sim.view.get("v1", "Node", v.node) or {}
             us = node["metadata"]["labels"].get(c.LABEL_ULTRASERVER_SERVER_ID_4)
             groups.setdefault(labels["leaderworkerset.sigs.k8s.io/group-index"], []).append(v)
             rows.append(
@@ -438,7 +438,7 @@ class Walkthrough:
         expect(status.get("totalNodesAllocated") == 8, f"8 nodes allocated, got {status}")
         expect(len(status.get("allocatedUltraServers") or []) == 2, "2 UltraServers allocated")
         rct_name = workload["spec"]["resourceClaimTemplate"]["name"]
-        rct = self.sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS)
+        rct = self.sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS)
         expect(rct is not None, f"ResourceClaimTemplate {rct_name} generated")
         tagged = await self.sim.wait_until(lambda: self.tagged_nodes(wid), "8 nodes tagged")
         self.say(
@@ -488,8 +488,13 @@ class Walkthrough:
         self.say(f"  kubectl delete neuronultraserverworkload {name}")
         await self.sim.delete(f"{c.CRD_GROUP}/{c.CRD_VERSION}", c.KIND_WORKLOAD, name, NS)
         await self.sim.wait_until(lambda: self.sim.workload(name) is None, f"workload {name} gone")
-        gone = self.sim.api.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS) is None
-        expect(gone, f"ResourceClaimTemplate {rct_name} deleted with the workload")
+        # The template goes with the workload (garbage collection: no instant on a real
+        # control plane), so wait for it rather than read once.
+        await self.sim.wait_until(
+            lambda: self.sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS)
+            is None,
+            f"ResourceClaimTemplate {rct_name} deleted with the workload",
+        )
         await self.sim.wait_until(lambda: not self.tagged_nodes(wid) or None, "tags cleared")
         self.say(f"  released: template {rct_name} deleted, workloadId cleared from every slice")
 
@@ -539,7 +544,7 @@ class Walkthrough:
             self.sim.slices(),
             {
                 x["metadata"]["name"]: x
-                for x in self.sim.api.list("resource.k8s.io/v1", "DeviceClass")
+                for x in self.sim.view.list("resource.k8s.io/v1", "DeviceClass")
             },
             set(),
             source="the simulated cluster",
@@ -561,7 +566,7 @@ class Walkthrough:
 
     async def cleanup(self) -> None:
         for kind in ("ResourceClaimTemplate",):
-            for obj in self.sim.api.list("resource.k8s.io/v1", kind, NS):
+            for obj in self.sim.view.list("resource.k8s.io/v1", kind, NS):
                 await self.sim.delete("resource.k8s.io/v1", kind, obj["metadata"]["name"], NS)
         await self.idle()
         states = {

@@ -44,10 +44,21 @@ async def ensure_device_classes(kube: KubeClient) -> list[JsonDict]:
 
 
 class ControlPlane:
-    def __init__(self, kube: KubeClient, *, registrar_dirs: Mapping[str, Path]) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        registrar_dirs: Mapping[str, Path],
+        simulate_control_plane: bool = True,
+    ) -> None:
+        """``simulate_control_plane=False`` runs only the kubelets (and the workload
+        controllers asked for): on a real control plane, the real scheduler and
+        resourceclaim controller do the rest."""
         self.kube = kube
-        self.claims = ClaimController(kube)
-        self.scheduler = Scheduler(kube)
+        self.claims: ClaimController | None = (
+            ClaimController(kube) if simulate_control_plane else None
+        )
+        self.scheduler: Scheduler | None = Scheduler(kube) if simulate_control_plane else None
         self.kubelets: dict[str, SimKubelet] = {
             node: SimKubelet(kube, node, path) for node, path in registrar_dirs.items()
         }
@@ -56,7 +67,8 @@ class ControlPlane:
 
     @property
     def loops(self) -> list[Loop[Any]]:
-        return [self.claims, self.scheduler, *self.kubelets.values()]
+        central: list[Loop[Any]] = [c for c in (self.claims, self.scheduler) if c is not None]
+        return [*central, *self.kubelets.values()]
 
     async def start(self) -> None:
         for loop in self.loops:

@@ -1,6 +1,16 @@
-"""The whole system on one machine: the fake API server, the UltraServer controller, one
-kubelet plugin per emulated node, and the simulated control plane (claim controller,
-scheduler, kubelets) — all real components talking HTTP and gRPC over real sockets.
+"""The whole system on one machine: the UltraServer controller, one kubelet plugin per
+emulated node and a simulated kubelet per node, on one of two Kubernetes worlds:
+
+- ``kubernetes="fake"`` (the embedded default): our fake API server and the simulated control
+  plane (claim controller, scheduler, ReplicaSets), in-process, started in seconds;
+- ``kubernetes="real"``: a real control plane (:mod:`..realcluster`: etcd, kube-apiserver,
+  kube-controller-manager, kube-scheduler built from the pinned modules). The real scheduler
+  allocates claims from our plugins' ResourceSlices, the real resourceclaim controller makes
+  claims from templates, real Deployments run; the simulated nodes register real Node
+  objects and renew their Leases, and their kubelets prepare what the real scheduler
+  allocated over the plugins' gRPC sockets.
+
+All components talk HTTP and gRPC over real sockets.
 
     async with SimCluster(default_nodes()) as sim:
         await sim.apply_file(repo / "examples/specs/connected-4-devices.yaml")
@@ -35,9 +45,20 @@ from neuron_dra.common.testing.controlplane import (
 from neuron_dra.common.testing.controlplane.base import is_active
 from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.common.testing.realcluster import ADMIN, RealControlPlane, shared_control_plane
 from neuron_dra.common.testing.waiting import Listeners, wait_until
 
 from .containers import ContainerDevices, load_specs, resolve
+from .mirror import ClusterMirror, ClusterReader
+from .realworld import (
+    DEPLOYMENTS,
+    SERVICE_ACCOUNTS,
+    Deployment,
+    NodeLease,
+    ensure_namespace,
+    register_node,
+    set_node_ready,
+)
 from .topology import SimNode, check_unique, default_nodes, node_object, ready_condition
 
 log = logging.getLogger(__name__)
@@ -50,6 +71,8 @@ NEURON_V1BETA1 = "neuron.aws.com/v1beta1"
 #: Bound for one awaited condition: generous, as CI machines are small and shared.
 DEFAULT_LIMIT = 60.0
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+FAKE, REAL = "fake", "real"
+KUBERNETES_WORLDS = (FAKE, REAL)
 
 
 class SimCluster:
@@ -61,13 +84,26 @@ class SimCluster:
         api_port: int = 0,
         controller: bool = True,
         limit: float = DEFAULT_LIMIT,
+        kubernetes: str = FAKE,
+        control_plane: RealControlPlane | None = None,
+        minor: str | None = None,
     ) -> None:
+        """``kubernetes``: ``"fake"`` or ``"real"``. On a real world, ``control_plane`` is
+        the one to use (default: the process's shared one of ``minor``, default the newest
+        pinned); the cluster's nodes must not exist there yet."""
+        if kubernetes not in KUBERNETES_WORLDS:
+            raise ValueError(f"kubernetes must be one of {KUBERNETES_WORLDS}, not {kubernetes!r}")
         self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
         check_unique(self.nodes)
         # Unix socket paths are limited to 108 bytes: keep the root short.
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="ndra-sim-", dir="/tmp"))
+        self.kubernetes = kubernetes
         self.api = FakeAPIServer(port=api_port)
+        self.real: RealControlPlane | None = control_plane
+        self._minor = minor
+        self.mirror: ClusterMirror | None = None
+        self.leases: dict[str, NodeLease] = {}
         self.with_controller = controller
         self.limit = limit
         self.kubeconfig = self.workdir / "kubeconfig"
@@ -93,15 +129,69 @@ class SimCluster:
         self._clients.append(kube)
         return kube
 
-    async def start(self) -> None:
-        await self.api.start()
-        self.api.write_kubeconfig(self.kubeconfig)
-        self.kube = await self._client()
+    @property
+    def is_real(self) -> bool:
+        return self.kubernetes == REAL
+
+    @property
+    def view(self) -> ClusterReader:
+        """Where reads come from: the fake's store in-process, or the watch-fed mirror of a
+        real API server (both answer ``get``/``list`` by apiVersion and kind)."""
+        return self.mirror if self.mirror is not None else self.api
+
+    @property
+    def url(self) -> str:
+        return self.real.url if self.real is not None else self.api.url
+
+    async def _start_api(self) -> None:
+        if not self.is_real:
+            await self.api.start()
+            self.api.write_kubeconfig(self.kubeconfig)
+            return
+        if self.real is None:
+            from neuron_dra.common.testing.kubebuild import newest_minor
+
+            self.real = await asyncio.to_thread(shared_control_plane, self._minor or newest_minor())
+        shutil.copyfile(self.real.kubeconfig(ADMIN), self.kubeconfig)
+
+    async def _register_nodes(self) -> None:
+        assert self.kube is not None
         for index, node in enumerate(self.nodes):
-            self.api.create(node_object(node, index))
+            if self.is_real:
+                await register_node(self.kube, node, index)
+                lease = NodeLease(self.kube, node.name)
+                lease.start()
+                self.leases[node.name] = lease
+            else:
+                self.api.create(node_object(node, index))
             root = self.node_root(node.name)
             root.mkdir(parents=True, exist_ok=True)
             (root / "boot_id").write_text("sim-boot-1\n")
+
+    async def _prepare_real_namespaces(self) -> None:
+        """What a real cluster needs before our pods: the driver's namespace (the controller
+        writes NeuronUltraServers there) and the ``default`` ServiceAccount of ``default``,
+        which the ServiceAccount admission plugin requires of every pod (the
+        controller-manager creates it soon after start)."""
+        assert self.kube is not None
+        await ensure_namespace(self.kube, DRIVER_NAMESPACE)
+        api = self.kube.resource(SERVICE_ACCOUNTS)
+        # A watch without a resourceVersion starts with the object if it exists already.
+        async with asyncio.timeout(self.limit):
+            stream = await api.watch("default", field_selector="metadata.name=default")
+            async with stream:
+                async for event in stream:
+                    if event.type == "ADDED":
+                        break
+
+    async def start(self) -> None:
+        await self._start_api()
+        self.kube = await self._client()
+        if self.is_real:
+            await self._prepare_real_namespaces()
+            self.mirror = ClusterMirror(await self._client())
+            await self.mirror.start()
+        await self._register_nodes()
         await ensure_device_classes(self.kube)
         # Plugins start one at a time on purpose: each writes an emulated tree and imports
         # nothing new after the first, so in parallel they would only contend for the GIL.
@@ -112,6 +202,8 @@ class SimCluster:
         self.cp = ControlPlane(
             await self._client(),
             registrar_dirs={n.name: self.registrar_dir(n.name) for n in self.nodes},
+            # On a real world the real scheduler and controllers do this part.
+            simulate_control_plane=not self.is_real,
         )
         await self.cp.start()
         await asyncio.wait_for(
@@ -172,12 +264,35 @@ class SimCluster:
         for name, plugin in list(self.plugins.items()):
             await _quietly(plugin.stop(), f"plugin {name}")
         self.plugins.clear()
+        for name, lease in list(self.leases.items()):
+            await _quietly(lease.stop(), f"lease {name}")
+        self.leases.clear()
+        if self.real is not None and self.kube is not None:
+            await _quietly(self._remove_real_nodes(), "nodes")
+        if self.mirror is not None:
+            await _quietly(self.mirror.stop(), "mirror")
         for kube in self._clients:
             await _quietly(kube.close(), "client")
         self._clients.clear()
-        await _quietly(self.api.stop(), "fake API server")
+        if not self.is_real:
+            await _quietly(self.api.stop(), "fake API server")
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def _remove_real_nodes(self) -> None:
+        """A shared control plane outlives this cluster: take our Nodes and their slices
+        away so the next cluster (or test) starts from none."""
+        assert self.kube is not None
+        from neuron_dra.common.k8s.client import NODES, RESOURCE_SLICES
+
+        for node in self.nodes:
+            with contextlib.suppress(NotFoundError):
+                await self.kube.resource(NODES).delete(node.name)
+        mine = {n.name for n in self.nodes}
+        for item in (await self.kube.resource(RESOURCE_SLICES).list_all()).items:
+            if item.get("spec", {}).get("nodeName") in mine:
+                with contextlib.suppress(NotFoundError):
+                    await self.kube.resource(RESOURCE_SLICES).delete(item["metadata"]["name"])
 
     async def __aenter__(self) -> Self:
         try:
@@ -203,7 +318,9 @@ class SimCluster:
     ) -> T:
         """``predicate()`` once truthy; re-checked on every API write and after every sync of
         the control plane's loops (a kubelet's unprepare changes files, not the API)."""
-        sources: list[Listeners] = [self.api.store.listeners]
+        sources: list[Listeners] = [
+            self.mirror.listeners if self.mirror is not None else self.api.store.listeners
+        ]
         if self.cp is not None:
             sources += [loop.listeners for loop in self.cp.loops]
         return await wait_until(predicate, what, self.limit if limit is None else limit, sources)
@@ -211,8 +328,15 @@ class SimCluster:
     # --- applying manifests ----------------------------------------------------------------
 
     def _resource(self, api_version: str, kind: str) -> tuple[ResourceClient, bool]:
-        """The client for a kind the fake API server serves, and whether it is namespaced."""
+        """The client for a kind the API server serves, and whether it is namespaced."""
         assert self.kube is not None
+        if self.mirror is not None:
+            res = self.mirror.resource(api_version, kind)
+            if res is None and (api_version, kind) == (DEPLOYMENTS.api_version, DEPLOYMENTS.kind):
+                res = DEPLOYMENTS
+            if res is None:
+                raise KeyError(f"the simulated cluster does not handle {api_version} {kind}")
+            return self.kube.resource(res), res.namespaced
         rt = self.api.resource_type(api_version, kind)
         res = ApiResource(rt.group, rt.version, rt.plural, rt.kind, rt.namespaced)
         return self.kube.resource(res), rt.namespaced
@@ -223,6 +347,11 @@ class SimCluster:
         controller of a Deployment or LeaderWorkerSet (kinds the fake API server does not
         serve)."""
         assert self.kube is not None and self.cp is not None
+        if manifest.get("kind") == "Deployment" and self.is_real:
+            deployment = Deployment(self.kube, manifest, namespace, self._pods_by_selector)
+            await deployment.start()
+            self.cp.workloads.append(deployment)  # type: ignore[arg-type]
+            return deployment
         if manifest.get("kind") in WORKLOAD_KINDS:
             return await self.cp.run(manifest, namespace)
         ns = str((manifest.get("metadata") or {}).get("namespace") or namespace)
@@ -245,6 +374,16 @@ class SimCluster:
         assert self.cp is not None
         await self.cp.remove(workload)
 
+    async def scale(self, workload: PodSet, replicas: int) -> None:
+        """Scale a Deployment (the simulated ReplicaSet, or the real Deployment object)."""
+        if isinstance(workload, Deployment):
+            await workload.scale(replicas)
+        else:
+            workload.scale(replicas)  # type: ignore[attr-defined]
+
+    def _pods_by_selector(self, namespace: str, selector: str) -> list[JsonDict]:
+        return self.pods(namespace, selector)
+
     # --- node failures ---------------------------------------------------------------------
 
     async def fail_node(self, name: str) -> None:
@@ -258,7 +397,14 @@ class SimCluster:
         plugin = self.plugins.pop(name, None)
         if plugin is not None:
             await plugin.stop()
-        self._set_ready(name, False)
+        lease = self.leases.pop(name, None)
+        if lease is not None:
+            await lease.stop()
+        if self.is_real:
+            assert self.kube is not None
+            await set_node_ready(self.kube, name, False)
+        else:
+            self._set_ready(name, False)
 
     def _set_ready(self, name: str, ready: bool) -> None:
         node = self.api.get("v1", "Node", name)
@@ -272,25 +418,25 @@ class SimCluster:
     # --- reading state (in-process) --------------------------------------------------------
 
     def slices(self) -> list[JsonDict]:
-        return self.api.list(RESOURCE_V1, "ResourceSlice")
+        return self.view.list(RESOURCE_V1, "ResourceSlice")
 
     def ultraservers(self) -> list[JsonDict]:
-        return self.api.list(NEURON_V1BETA1, "NeuronUltraServer", DRIVER_NAMESPACE)
+        return self.view.list(NEURON_V1BETA1, "NeuronUltraServer", DRIVER_NAMESPACE)
 
     def workload(self, name: str, namespace: str = "default") -> JsonDict | None:
-        return self.api.get(NEURON_V1BETA1, "NeuronUltraServerWorkload", name, namespace)
+        return self.view.get(NEURON_V1BETA1, "NeuronUltraServerWorkload", name, namespace)
 
     def pod(self, name: str, namespace: str = "default") -> JsonDict | None:
-        return self.api.get("v1", "Pod", name, namespace)
+        return self.view.get("v1", "Pod", name, namespace)
 
     def pods(self, namespace: str = "default", selector: str | None = None) -> list[JsonDict]:
-        return self.api.list("v1", "Pod", namespace, label_selector=selector)
+        return self.view.list("v1", "Pod", namespace, label_selector=selector)
 
     def claim(self, name: str, namespace: str = "default") -> JsonDict | None:
-        return self.api.get(RESOURCE_V1, "ResourceClaim", name, namespace)
+        return self.view.get(RESOURCE_V1, "ResourceClaim", name, namespace)
 
     def claims(self, namespace: str = "default") -> list[JsonDict]:
-        return self.api.list(RESOURCE_V1, "ResourceClaim", namespace)
+        return self.view.list(RESOURCE_V1, "ResourceClaim", namespace)
 
     def claims_of(self, pod: Mapping[str, Any]) -> dict[str, JsonDict]:
         """Pod claim name → the ResourceClaim (those that exist)."""
@@ -308,7 +454,7 @@ class SimCluster:
     ) -> list[JsonDict]:
         return [
             e
-            for e in self.api.list("events.k8s.io/v1", "Event", namespace)
+            for e in self.view.list("events.k8s.io/v1", "Event", namespace)
             if (name is None or e.get("regarding", {}).get("name") == name)
             and (reason is None or e.get("reason") == reason)
         ]
