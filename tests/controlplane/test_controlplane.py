@@ -317,11 +317,12 @@ async def test_replica_set_pods_get_disjoint_rows_and_are_replaced_at_once(sim: 
         NS, "workers", 2, {"metadata": {"labels": {"app": "w"}}, "spec": pod_spec("row2")}
     )
     pods = await until(running_set(sim, rs), "2 workers Running")
-    # Named by the server from generateName, as a real ReplicaSet's pods are.
-    assert all(
-        p["metadata"]["name"].startswith("workers-") and len(p["metadata"]["name"]) == 13
-        for p in pods
-    )
+    # Named by the server from generateName <deployment>-<pod-template-hash>-, as a real
+    # Deployment's pods are.
+    for p in pods:
+        prefix, template_hash, suffix = p["metadata"]["name"].rsplit("-", 2)
+        assert (prefix, len(suffix)) == ("workers", 5), p["metadata"]["name"]
+        assert p["metadata"]["labels"]["pod-template-hash"] == template_hash
     assert all(p["metadata"]["labels"]["sim.neuron.aws.com/replicaset"] == "workers" for p in pods)
     rows = [devices_of(sim.claim_of(p)) for p in pods]
     assert all(p["spec"]["nodeName"] == "trn2-0" for p in pods)

@@ -1,11 +1,14 @@
 """End-to-end tests over the simulated cluster (``neuron_dra.common.testing.simcluster``).
 
-One cluster of the embedded default (two trn2u.48xlarge UltraServers, two trn2.48xlarge, one
-trn1.32xlarge, one inf2.48xlarge: 12 real kubelet plugins, the controller, scheduler and
-kubelets) is shared by the package's tests: starting it takes seconds. The ``sim`` fixture
-hands it to one test and afterwards returns it to idle (workload controllers stopped, pods,
-templates and UltraServer workloads deleted, every claim unprepared and released), so tests
-do not depend on each other's order. Tests that break nodes build their own cluster.
+Each test runs on the fake world and on the real control plane of every pinned minor
+(``world`` fixture; pytest ids ``fake`` / ``real-1.34`` ...). One cluster of the embedded
+default (two trn2u.48xlarge UltraServers, two trn2.48xlarge, one trn1.32xlarge, one
+inf2.48xlarge: 12 real kubelet plugins, the controller, scheduler and kubelets) is shared by
+the package's tests: starting it takes seconds. The ``sim`` fixture hands it to one test and
+afterwards returns it to idle (workload controllers stopped, pods, templates and UltraServer
+workloads deleted, every claim unprepared and released), so tests do not depend on each
+other's order. Tests that break nodes build their own cluster (on a real world, with a
+control plane of their own).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 from neuron_dra.common import constants as c
 from neuron_dra.common.commands.sim_walkthrough import Walkthrough
 from neuron_dra.common.testing.simcluster import SimCluster, default_nodes
+from neuron_dra.common.testing.worlds import cluster_kwargs, world_params
 
 NS = "default"
 
@@ -44,9 +49,15 @@ async def reset(sim: SimCluster) -> None:
     await sim.wait_until(idle, "the cluster back to idle")
 
 
+@pytest.fixture(scope="package", params=world_params())
+def world(request: pytest.FixtureRequest) -> str:
+    """``fake`` or ``real-<minor>``: every e2e test runs on each (the ids say which)."""
+    return str(request.param)
+
+
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
-async def shared_cluster() -> AsyncIterator[SimCluster]:
-    async with SimCluster(default_nodes()) as sim:
+async def shared_cluster(world: str) -> AsyncIterator[SimCluster]:
+    async with SimCluster(default_nodes(), **cluster_kwargs(world)) as sim:
         yield sim
 
 

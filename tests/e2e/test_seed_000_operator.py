@@ -18,6 +18,7 @@ from neuron_dra.common.paths import repo_root
 from neuron_dra.common.testing.controlplane.workloads import PodSet
 from neuron_dra.common.testing.simcluster import SimCluster, ultraservers
 from neuron_dra.common.testing.simcluster.topology import node_dns_name
+from neuron_dra.common.testing.worlds import cluster_kwargs, own_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -79,22 +80,25 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
         {n.ultraserver_id for n in sim.nodes if n.ultraserver_id}
     )
     datetime.fromisoformat(status["allocationTime"].replace("Z", "+00:00"))
-    rct = sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS)
-    assert rct is not None
+    rct = await sim.wait_until(
+        lambda: sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS), RCT
+    )
     (owner,) = rct["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == (c.KIND_WORKLOAD, NAME)
     wid = status["workloadId"]
-    tagged = await sim.wait_until(lambda: walk.tagged_nodes(wid), "tags")
+    # Each plugin tags its own slice when it sees the reservation: wait for all eight.
+    tagged = await sim.wait_until(
+        lambda: walk.tagged_nodes(wid, at_least=8), "8 nodes tagged"
+    )
     assert len(tagged) == 8 and all(n.startswith("trn2u-") for n in tagged)
 
     deploy = await sim.apply(deployment())
     pods = await walk.running_workload(deploy)
-    # The Deployment's pods are named by the server: <name>-<5 random characters>.
-    assert all(
-        p["metadata"]["name"].startswith("my-training-workload-deployment-")
-        and len(p["metadata"]["name"]) == len("my-training-workload-deployment-") + 5
-        for p in pods
-    )
+    # The Deployment's pods are named <deployment>-<pod-template-hash>-<5 random characters>.
+    for p in pods:
+        prefix, _hash, suffix = p["metadata"]["name"].rsplit("-", 2)
+        assert prefix == "my-training-workload-deployment" and len(suffix) == 5, p
+        assert p["metadata"]["labels"]["pod-template-hash"] == _hash
     got = ranks(walk, pods)
     assert sorted(got) == list(range(8))
     nodes = [node for _, node, _ in got.values()]
@@ -161,9 +165,10 @@ async def test_walkthrough_operator_step_passes(walk: Walkthrough) -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="package")
-async def spare_cluster() -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
-    async with SimCluster(ultraservers(3)) as sim:
-        yield sim, Walkthrough(sim, io.StringIO())
+async def spare_cluster(world: str) -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
+    with own_control_plane(world) as cp:
+        async with SimCluster(ultraservers(3), **cluster_kwargs(world, cp)) as sim:
+            yield sim, Walkthrough(sim, io.StringIO())
 
 
 async def run_and_fail(

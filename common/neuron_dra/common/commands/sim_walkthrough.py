@@ -438,9 +438,15 @@ class Walkthrough:
         expect(status.get("totalNodesAllocated") == 8, f"8 nodes allocated, got {status}")
         expect(len(status.get("allocatedUltraServers") or []) == 2, "2 UltraServers allocated")
         rct_name = workload["spec"]["resourceClaimTemplate"]["name"]
-        rct = self.sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS)
-        expect(rct is not None, f"ResourceClaimTemplate {rct_name} generated")
-        tagged = await self.sim.wait_until(lambda: self.tagged_nodes(wid), "8 nodes tagged")
+        # Watches of different kinds are not ordered with each other: the template and the
+        # slices' tags may show up after the workload's status, so wait for them.
+        await self.sim.wait_until(
+            lambda: self.sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", rct_name, NS),
+            f"ResourceClaimTemplate {rct_name} generated",
+        )
+        tagged = await self.sim.wait_until(
+            lambda: self.tagged_nodes(wid, at_least=8), "8 nodes tagged"
+        )
         self.say(
             f"  ResourceClaimTemplate {rct_name} generated; workloadId {wid} on the devices "
             f"of {len(tagged)} nodes"
@@ -498,8 +504,10 @@ class Walkthrough:
         await self.sim.wait_until(lambda: not self.tagged_nodes(wid) or None, "tags cleared")
         self.say(f"  released: template {rct_name} deleted, workloadId cleared from every slice")
 
-    def tagged_nodes(self, wid: str) -> list[str]:
-        return sorted(
+    def tagged_nodes(self, wid: str, *, at_least: int = 0) -> list[str]:
+        """The nodes whose slice carries ``wid``; empty while fewer than ``at_least`` do
+        (each plugin tags its own slice, so they show up one by one)."""
+        nodes = sorted(
             s["spec"]["nodeName"]
             for s in self.sim.slices()
             if any(
@@ -507,6 +515,7 @@ class Walkthrough:
                 for d in s["spec"]["devices"]
             )
         )
+        return nodes if len(nodes) >= at_least else []
 
     async def invalid_count(self) -> None:
         from neuron_dra.common.commands import check_claim as cc

@@ -29,6 +29,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import yaml
 
@@ -172,6 +174,10 @@ class CertificateAuthority:
         )  # fmt: skip
         return crt, key
 
+    def client_paths(self, identity: Identity) -> tuple[Path, Path]:
+        stem = f"client-{identity.file_stem}"
+        return self.dir / f"{stem}.crt", self.dir / f"{stem}.key"
+
     def client(self, identity: Identity) -> tuple[Path, Path]:
         subject = f"/CN={identity.user}" + "".join(f"/O={g}" for g in identity.groups)
         return self.issue(f"client-{identity.file_stem}", subject, "extendedKeyUsage=clientAuth")
@@ -289,6 +295,17 @@ class RealControlPlane:
             path.write_text(yaml.safe_dump(self._kubeconfig_doc(crt, key)))
             self._kubeconfigs[identity] = path
         return self._kubeconfigs[identity]
+
+    def client_configuration(self, identity: Identity = ADMIN) -> Any:
+        """A ``kubernetes_asyncio`` Configuration for ``identity`` (TLS verified)."""
+        from kubernetes_asyncio import client as k8s
+
+        self.kubeconfig(identity)
+        crt, key = self._ca.client_paths(identity)
+        cfg = k8s.Configuration(host=self.url)
+        cfg.ssl_ca_cert = str(self._ca.cert)
+        cfg.cert_file, cfg.key_file = str(crt), str(key)
+        return cfg
 
     def _kubeconfig_doc(self, crt: Path, key: Path) -> dict[str, object]:
         return {
@@ -419,7 +436,13 @@ class RealControlPlane:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C to the test run reaches us, not them
-                preexec_fn=_die_with_parent,
+                # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only the main
+                # thread lives as long as the process (elsewhere, atexit stops them).
+                preexec_fn=(
+                    _die_with_parent
+                    if threading.current_thread() is threading.main_thread()
+                    else None
+                ),
             )
         finally:
             out.close()

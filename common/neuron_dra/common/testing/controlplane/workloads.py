@@ -1,7 +1,8 @@
 """Workload controllers in their simplest form: sets of pods, replaced when they go.
 
 - :class:`ReplicaSet` (what a Deployment runs): ``replicas`` pods named by the server from
-  ``generateName`` ``<name>-`` (5 random characters follow), labelled
+  ``generateName`` ``<name>-<template hash>-`` (5 random characters follow, as a real
+  Deployment's pods are named), labelled
   ``sim.neuron.aws.com/replicaset=<name>``. Like the real ReplicaSet controller it counts only
   *active* pods (neither terminal nor being deleted): a pod being deleted is replaced at once,
   while it is still Terminating (on a dead node it stays so, as in Kubernetes). It remembers
@@ -58,6 +59,9 @@ LWS_GROUP_KEY_LABEL: Final = LWS_PREFIX + "group-key"
 LWS_SIZE_ANNOTATION: Final = LWS_PREFIX + "size"
 LWS_LEADER_NAME_ANNOTATION: Final = LWS_PREFIX + "leader-name"
 RECREATE_GROUP: Final = "RecreateGroupOnPodRestart"
+POD_TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
+#: The characters of Kubernetes' SafeEncodeString (no vowels, no look-alikes).
+_SAFE_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
 #: LeaderWorkerSet's restart policies; the simulation treats ``RecreateGroupAfterStart`` like
 #: ``RecreateGroupOnPodRestart`` and ``Default`` (deprecated) like ``None``.
 RESTART_POLICIES: Final = (RECREATE_GROUP, "RecreateGroupAfterStart", "None", "Default")
@@ -199,6 +203,13 @@ class ReplicaSet(PodSet):
     def expected(self) -> int:
         return self.replicas
 
+    @property
+    def template_hash(self) -> str:
+        """A stand-in for the Deployment controller's ``pod-template-hash``: stable for a
+        template, in the alphabet and length the real one has (``9749b8647``)."""
+        digest = hashlib.sha256(repr(sorted(self.pod_template.items())).encode()).digest()
+        return "".join(_SAFE_ALPHABET[b % len(_SAFE_ALPHABET)] for b in digest[:9])
+
     def _on_add(self, pod: JsonDict) -> None:
         self._creating.discard(str(meta(pod).get("name")))
         super()._on_add(pod)
@@ -218,7 +229,13 @@ class ReplicaSet(PodSet):
         missing = self.replicas - len(active) - len(self._creating)
         api = self.kube.resource(PODS)
         for _ in range(max(missing, 0)):
-            body = self._pod_body({}, {}, generate_name=f"{self.set_name}-")
+            # A Deployment's ReplicaSet is <deployment>-<pod-template-hash>, and its pods
+            # <replicaset>-<5 random characters>, as the real controllers name them.
+            body = self._pod_body(
+                {POD_TEMPLATE_HASH_LABEL: self.template_hash},
+                {},
+                generate_name=f"{self.set_name}-{self.template_hash}-",
+            )
             created = await api.create(body, self.namespace)
             name = str(meta(created).get("name"))
             if self.pods.store.get(f"{self.namespace}/{name}") is None:

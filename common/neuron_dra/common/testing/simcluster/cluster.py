@@ -151,7 +151,9 @@ class SimCluster:
         if self.real is None:
             from neuron_dra.common.testing.kubebuild import newest_minor
 
-            self.real = await asyncio.to_thread(shared_control_plane, self._minor or newest_minor())
+            # Started from this (main) thread, not a worker: its processes die with the
+            # thread that forked them. Blocking the loop for seconds is fine at start.
+            self.real = shared_control_plane(self._minor or newest_minor())
         shutil.copyfile(self.real.kubeconfig(ADMIN), self.kubeconfig)
 
     async def _register_nodes(self) -> None:
