@@ -1,16 +1,18 @@
 """API-server behaviour our code depends on, checked against the fake AND a real server.
 
-Each test runs against ``neuron-dra``'s fake API server and, when
-``KUBEBUILDER_ASSETS`` holds etcd and kube-apiserver binaries, against a real
-kube-apiserver too: a difference between the two is a fidelity bug in the fake.
+Each test runs against ``neuron-dra``'s fake API server and against the real kube-apiserver
+of every pinned minor (``hack/k8s``; ids ``fake`` / ``real-1.34`` ...): a difference between
+the two is a fidelity bug in the fake.
 Everything goes through the real kubernetes_asyncio client over HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
+import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -18,9 +20,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-from neuron_dra.common.paths import chart_crd_dir
 from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
-from neuron_dra.common.testing.realcluster import RealAPIServer, assets_dir
+from neuron_dra.common.testing.worlds import minor_of, real_control_plane, world_params
 
 T = 10  # per-call timeout, seconds
 GROUP, VERSION, NUSW = "neuron.aws.com", "v1beta1", "neuronultraserverworkloads"
@@ -57,31 +58,61 @@ def slice_for(node: str, **spec_extra: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(params=["fake", "real"])
-async def api(request: pytest.FixtureRequest) -> AsyncIterator[k8s.ApiClient]:
-    if request.param == "fake":
-        server: FakeAPIServer | RealAPIServer = FakeAPIServer()
-    else:
-        assets = assets_dir()
-        if assets is None:
-            pytest.skip(
-                "real-cluster tier: set KUBEBUILDER_ASSETS to a dir with etcd and kube-apiserver"
-            )
-        server = RealAPIServer(assets, sorted(chart_crd_dir().glob("*.yaml")))
-    async with server, k8s.ApiClient(server.client_configuration()) as client:
+@pytest.fixture(params=world_params())
+def world(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def api(world: str) -> AsyncIterator[k8s.ApiClient]:
+    """A client of a fresh fake API server, or of the session's real control plane of a
+    pinned minor (shared: tests isolate with the ``ns`` fixture's namespace and prefix)."""
+    minor = minor_of(world)
+    if minor is None:
+        server = FakeAPIServer()
+        async with server, k8s.ApiClient(server.client_configuration()) as client:
+            yield client
+        return
+    cp = real_control_plane(minor)
+    async with k8s.ApiClient(cp.client_configuration()) as client:
         yield client
+
+
+@pytest.fixture
+async def ns(api: k8s.ApiClient, world: str) -> AsyncIterator[str]:
+    """A namespace of the test's own (also the prefix of its cluster-scoped names). On a real
+    server, once its ``default`` ServiceAccount exists: admission requires it of every pod
+    (the controller-manager creates it; the fake runs no controllers and needs none)."""
+    name = f"ct-{uuid.uuid4().hex[:8]}"
+    core = k8s.CoreV1Api(api)
+    await core.create_namespace({"metadata": {"name": name}}, _request_timeout=T)
+    if minor_of(world) is not None:
+        # A watch without a resourceVersion starts with the object if it exists already.
+        resp = await api.call_api(
+            f"/api/v1/namespaces/{name}/serviceaccounts",
+            "GET",
+            query_params=[("watch", "true"), ("fieldSelector", "metadata.name=default")],
+            _preload_content=False,
+            _request_timeout=60,
+        )
+        async with asyncio.timeout(60):
+            assert await resp.content.readline(), "watch closed before the ServiceAccount"
+        resp.close()
+    yield name
+    with contextlib.suppress(ApiException):
+        await core.delete_namespace(name, _request_timeout=T)
 
 
 def _body(exc: ApiException) -> dict[str, Any]:
     return dict(json.loads(exc.body))
 
 
-async def test_seed_workload_applies_with_defaults(api: k8s.ApiClient) -> None:
+async def test_seed_workload_applies_with_defaults(api: k8s.ApiClient, ns: str) -> None:
     objs = k8s.CustomObjectsApi(api)
     wl = seed_workload()
     del wl["spec"]["allocationPolicy"]
     created = await objs.create_namespaced_custom_object(
-        GROUP, VERSION, "default", NUSW, wl, _request_timeout=T
+        GROUP, VERSION, ns, NUSW, wl, _request_timeout=T
     )
     assert created["spec"]["allocationPolicy"]["failureStrategy"] == "NoOp"
     assert created["metadata"]["generation"] == 1
@@ -89,12 +120,12 @@ async def test_seed_workload_applies_with_defaults(api: k8s.ApiClient) -> None:
     assert int(created["metadata"]["resourceVersion"]) > 0
 
 
-async def test_topology_size_three_rejected_naming_the_field(api: k8s.ApiClient) -> None:
+async def test_topology_size_three_rejected_naming_the_field(api: k8s.ApiClient, ns: str) -> None:
     wl = seed_workload("bad")
     wl["spec"]["topologySize"] = 3
     with pytest.raises(ApiException) as err:
         await k8s.CustomObjectsApi(api).create_namespaced_custom_object(
-            GROUP, VERSION, "default", NUSW, wl, _request_timeout=T
+            GROUP, VERSION, ns, NUSW, wl, _request_timeout=T
         )
     assert err.value.status == 422
     body = _body(err.value)
@@ -103,16 +134,16 @@ async def test_topology_size_three_rejected_naming_the_field(api: k8s.ApiClient)
     assert any(c.get("field") == "spec.topologySize" for c in body["details"]["causes"])
 
 
-async def test_immutable_spec_field(api: k8s.ApiClient) -> None:
+async def test_immutable_spec_field(api: k8s.ApiClient, ns: str) -> None:
     objs = k8s.CustomObjectsApi(api)
     await objs.create_namespaced_custom_object(
-        GROUP, VERSION, "default", NUSW, seed_workload(), _request_timeout=T
+        GROUP, VERSION, ns, NUSW, seed_workload(), _request_timeout=T
     )
     with pytest.raises(ApiException) as err:
         await objs.patch_namespaced_custom_object(
             GROUP,
             VERSION,
-            "default",
+            ns,
             NUSW,
             "my-training-job",
             {"spec": {"topologySize": 2}},
@@ -123,46 +154,44 @@ async def test_immutable_spec_field(api: k8s.ApiClient) -> None:
     assert "spec.topologySize" in _body(err.value)["message"]
 
 
-async def test_stale_resource_version_put_conflicts(api: k8s.ApiClient) -> None:
+async def test_stale_resource_version_put_conflicts(api: k8s.ApiClient, ns: str) -> None:
     core = k8s.CoreV1Api(api)
     cm = await core.create_namespaced_config_map(
-        "default", {"metadata": {"name": "cm"}, "data": {"a": "1"}}, _request_timeout=T
+        ns, {"metadata": {"name": "cm"}, "data": {"a": "1"}}, _request_timeout=T
     )
     stale = api.sanitize_for_serialization(cm)
-    await core.patch_namespaced_config_map(
-        "cm", "default", {"data": {"a": "2"}}, _request_timeout=T
-    )
+    await core.patch_namespaced_config_map("cm", ns, {"data": {"a": "2"}}, _request_timeout=T)
     stale["data"]["a"] = "3"
     with pytest.raises(ApiException) as err:
-        await core.replace_namespaced_config_map("cm", "default", stale, _request_timeout=T)
+        await core.replace_namespaced_config_map("cm", ns, stale, _request_timeout=T)
     assert err.value.status == 409
     assert _body(err.value)["reason"] == "Conflict"
 
 
-async def test_generate_name(api: k8s.ApiClient) -> None:
+async def test_generate_name(api: k8s.ApiClient, ns: str) -> None:
     core = k8s.CoreV1Api(api)
     a = await core.create_namespaced_config_map(
-        "default", {"metadata": {"generateName": "job-"}}, _request_timeout=T
+        ns, {"metadata": {"generateName": "job-"}}, _request_timeout=T
     )
     b = await core.create_namespaced_config_map(
-        "default", {"metadata": {"generateName": "job-"}}, _request_timeout=T
+        ns, {"metadata": {"generateName": "job-"}}, _request_timeout=T
     )
     assert a.metadata.name.startswith("job-") and len(a.metadata.name) == len("job-") + 5
     assert a.metadata.name != b.metadata.name
 
 
-async def test_status_subresource_split_and_generation(api: k8s.ApiClient) -> None:
+async def test_status_subresource_split_and_generation(api: k8s.ApiClient, ns: str) -> None:
     objs = k8s.CustomObjectsApi(api)
     wl = seed_workload()
     wl["status"] = {"state": "Allocated"}
     created = await objs.create_namespaced_custom_object(
-        GROUP, VERSION, "default", NUSW, wl, _request_timeout=T
+        GROUP, VERSION, ns, NUSW, wl, _request_timeout=T
     )
     assert "status" not in created or not created["status"].get("state")
     st = await objs.patch_namespaced_custom_object_status(
         GROUP,
         VERSION,
-        "default",
+        ns,
         NUSW,
         "my-training-job",
         {"status": {"state": "Pending"}, "spec": {"serverCount": 9}},
@@ -175,7 +204,7 @@ async def test_status_subresource_split_and_generation(api: k8s.ApiClient) -> No
     relabeled = await objs.patch_namespaced_custom_object(
         GROUP,
         VERSION,
-        "default",
+        ns,
         NUSW,
         "my-training-job",
         {"metadata": {"labels": {"x": "y"}}},
@@ -186,7 +215,7 @@ async def test_status_subresource_split_and_generation(api: k8s.ApiClient) -> No
     changed = await objs.patch_namespaced_custom_object(
         GROUP,
         VERSION,
-        "default",
+        ns,
         NUSW,
         "my-training-job",
         {"spec": {"allocationPolicy": {"failureStrategy": "RestartAll"}}},
@@ -196,29 +225,31 @@ async def test_status_subresource_split_and_generation(api: k8s.ApiClient) -> No
     assert changed["metadata"]["generation"] == 2
 
 
-async def test_slice_selectors(api: k8s.ApiClient) -> None:
+async def test_slice_selectors(api: k8s.ApiClient, ns: str) -> None:
     res = k8s.ResourceV1Api(api)
-    for node in ("node-a", "node-b", "node-c"):
+    a, b, c = (f"{ns}-node-{x}" for x in "abc")
+    for node in (a, b, c):
         await res.create_resource_slice(slice_for(node), _request_timeout=T)
     by_field = await res.list_resource_slice(
-        field_selector="spec.nodeName=node-b", _request_timeout=T
+        field_selector=f"spec.nodeName={b}", _request_timeout=T
     )
-    assert [s.spec.node_name for s in by_field.items] == ["node-b"]
+    assert [s.spec.node_name for s in by_field.items] == [b]
     by_label = await res.list_resource_slice(
-        label_selector="node in (node-a,node-c)", _request_timeout=T
+        label_selector=f"node in ({a},{c})", _request_timeout=T
     )
-    assert sorted(s.spec.node_name for s in by_label.items) == ["node-a", "node-c"]
-    not_b = await res.list_resource_slice(label_selector="node!=node-b", _request_timeout=T)
-    assert sorted(s.spec.node_name for s in not_b.items) == ["node-a", "node-c"]
+    assert sorted(s.spec.node_name for s in by_label.items) == [a, c]
+    # Other tests' slices may exist on a shared server: look at ours.
+    not_b = await res.list_resource_slice(label_selector=f"node!={b}", _request_timeout=T)
+    assert sorted(s.spec.node_name for s in not_b.items if s.spec.node_name in (a, b, c)) == [a, c]
     with pytest.raises(ApiException) as err:
-        await res.list_resource_slice(field_selector="spec.pool.name=node-a", _request_timeout=T)
+        await res.list_resource_slice(field_selector=f"spec.pool.name={a}", _request_timeout=T)
     assert err.value.status == 400
 
 
-async def test_slice_all_nodes_false_is_invalid(api: k8s.ApiClient) -> None:
+async def test_slice_all_nodes_false_is_invalid(api: k8s.ApiClient, ns: str) -> None:
     # allNodes must be unset or true; a JSON false is rejected (kubelet-dra.md §5.2).
     # The raw call keeps the false on the wire: the typed model would drop it.
-    bad = slice_for("node-x", allNodes=False)
+    bad = slice_for(f"{ns}-node-x", allNodes=False)
     resp = await api.call_api(
         "/apis/resource.k8s.io/v1/resourceslices",
         "POST",
@@ -232,36 +263,34 @@ async def test_slice_all_nodes_false_is_invalid(api: k8s.ApiClient) -> None:
     assert "spec.allNodes" in body["message"]
 
 
-async def test_finalizer_holds_deletion(api: k8s.ApiClient) -> None:
+async def test_finalizer_holds_deletion(api: k8s.ApiClient, ns: str) -> None:
     core = k8s.CoreV1Api(api)
     await core.create_namespaced_config_map(
-        "default",
+        ns,
         {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}},
         _request_timeout=T,
     )
-    await core.delete_namespaced_config_map("held", "default", _request_timeout=T)
-    held = await core.read_namespaced_config_map("held", "default", _request_timeout=T)
+    await core.delete_namespaced_config_map("held", ns, _request_timeout=T)
+    held = await core.read_namespaced_config_map("held", ns, _request_timeout=T)
     assert held.metadata.deletion_timestamp is not None
     await core.patch_namespaced_config_map(
-        "held", "default", {"metadata": {"finalizers": None}}, _request_timeout=T
+        "held", ns, {"metadata": {"finalizers": None}}, _request_timeout=T
     )
     with pytest.raises(ApiException) as err:
-        await core.read_namespaced_config_map("held", "default", _request_timeout=T)
+        await core.read_namespaced_config_map("held", ns, _request_timeout=T)
     assert err.value.status == 404
 
 
-async def test_watch_resumes_from_resource_version(api: k8s.ApiClient) -> None:
+async def test_watch_resumes_from_resource_version(api: k8s.ApiClient, ns: str) -> None:
     core = k8s.CoreV1Api(api)
     first = await core.create_namespaced_config_map(
-        "default", {"metadata": {"name": "w1"}}, _request_timeout=T
+        ns, {"metadata": {"name": "w1"}}, _request_timeout=T
     )
     rv = first.metadata.resource_version
-    await core.create_namespaced_config_map(
-        "default", {"metadata": {"name": "w2"}}, _request_timeout=T
-    )
-    await core.delete_namespaced_config_map("w1", "default", _request_timeout=T)
+    await core.create_namespaced_config_map(ns, {"metadata": {"name": "w2"}}, _request_timeout=T)
+    await core.delete_namespaced_config_map("w1", ns, _request_timeout=T)
     resp = await api.call_api(
-        "/api/v1/namespaces/default/configmaps",
+        f"/api/v1/namespaces/{ns}/configmaps",
         "GET",
         query_params=[("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "5")],
         _preload_content=False,
@@ -278,12 +307,12 @@ async def test_watch_resumes_from_resource_version(api: k8s.ApiClient) -> None:
     assert seen == [("ADDED", "w2"), ("DELETED", "w1")]
 
 
-async def test_update_of_missing_object_is_not_found(api: k8s.ApiClient) -> None:
+async def test_update_of_missing_object_is_not_found(api: k8s.ApiClient, ns: str) -> None:
     body = copy.deepcopy(seed_workload("ghost"))
     body["metadata"]["resourceVersion"] = "1"
     with pytest.raises(ApiException) as err:
         await k8s.CustomObjectsApi(api).replace_namespaced_custom_object(
-            GROUP, VERSION, "default", NUSW, "ghost", body, _request_timeout=T
+            GROUP, VERSION, ns, NUSW, "ghost", body, _request_timeout=T
         )
     assert err.value.status == 404
 
@@ -295,10 +324,10 @@ def _pod(name: str, node: str | None = "node-a") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-async def _delete_pod(api: k8s.ApiClient, name: str, **options: Any) -> dict[str, Any]:
+async def _delete_pod(api: k8s.ApiClient, ns: str, name: str, **options: Any) -> dict[str, Any]:
     """DELETE a pod; the server's answer as JSON (for pods: the pod as marked or removed)."""
     resp = await api.call_api(
-        f"/api/v1/namespaces/default/pods/{name}",
+        f"/api/v1/namespaces/{ns}/pods/{name}",
         "DELETE",
         body={"kind": "DeleteOptions", "apiVersion": "v1", **options},
         header_params={"Content-Type": "application/json"},
@@ -314,24 +343,24 @@ def _seconds(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
-async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient) -> None:
+async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient, ns: str) -> None:
     """With no kubelet to end its grace period, a bound pod stays Terminating; a shorter grace
     moves its deadline; the kubelet's DELETE with grace 0 and the uid removes it."""
     core = k8s.CoreV1Api(api)
-    created = await core.create_namespaced_pod("default", _pod("bound"), _request_timeout=T)
+    created = await core.create_namespaced_pod(ns, _pod("bound"), _request_timeout=T)
     uid = created.metadata.uid
 
-    marked = await _delete_pod(api, "bound")
+    marked = await _delete_pod(api, ns, "bound")
     meta = marked["metadata"]
     assert meta["deletionGracePeriodSeconds"] == 30  # terminationGracePeriodSeconds' default
     created_at = created.metadata.creation_timestamp.timestamp()
     assert abs(_seconds(meta["deletionTimestamp"]) - created_at - 30) <= 2
-    still = await core.read_namespaced_pod("bound", "default", _request_timeout=T)
+    still = await core.read_namespaced_pod("bound", ns, _request_timeout=T)
     assert still.metadata.deletion_timestamp is not None
 
-    again = await _delete_pod(api, "bound", gracePeriodSeconds=60)  # longer: no change
+    again = await _delete_pod(api, ns, "bound", gracePeriodSeconds=60)  # longer: no change
     assert again["metadata"]["deletionTimestamp"] == meta["deletionTimestamp"]
-    shorter = await _delete_pod(api, "bound", gracePeriodSeconds=5)
+    shorter = await _delete_pod(api, ns, "bound", gracePeriodSeconds=5)
     assert shorter["metadata"]["deletionGracePeriodSeconds"] == 5
     assert _seconds(meta["deletionTimestamp"]) - _seconds(
         shorter["metadata"]["deletionTimestamp"]
@@ -341,7 +370,7 @@ async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient) -> None:
     with pytest.raises(ApiException) as err:
         await core.delete_namespaced_pod(
             "bound",
-            "default",
+            ns,
             body=k8s.V1DeleteOptions(
                 grace_period_seconds=0, preconditions=k8s.V1Preconditions(uid="not-this-pod")
             ),
@@ -353,13 +382,13 @@ async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient) -> None:
         f"(not-this-pod) does not match the UID in record ({uid})"
     )
 
-    await _delete_pod(api, "bound", gracePeriodSeconds=0, preconditions={"uid": uid})
+    await _delete_pod(api, ns, "bound", gracePeriodSeconds=0, preconditions={"uid": uid})
     with pytest.raises(ApiException) as err:
-        await core.read_namespaced_pod("bound", "default", _request_timeout=T)
+        await core.read_namespaced_pod("bound", ns, _request_timeout=T)
     assert err.value.status == 404
     # Watchers see the grace period end, then the removal.
     resp = await api.call_api(
-        "/api/v1/namespaces/default/pods",
+        f"/api/v1/namespaces/{ns}/pods",
         "GET",
         query_params=[("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "5")],
         _preload_content=False,
@@ -376,16 +405,16 @@ async def test_bound_pod_is_deleted_gracefully(api: k8s.ApiClient) -> None:
     assert seen == [("MODIFIED", 0), ("DELETED", 0)]
 
 
-async def test_unbound_and_terminal_pods_are_deleted_at_once(api: k8s.ApiClient) -> None:
+async def test_unbound_and_terminal_pods_are_deleted_at_once(api: k8s.ApiClient, ns: str) -> None:
     core = k8s.CoreV1Api(api)
-    await core.create_namespaced_pod("default", _pod("pending", node=None), _request_timeout=T)
-    await core.create_namespaced_pod("default", _pod("done"), _request_timeout=T)
+    await core.create_namespaced_pod(ns, _pod("pending", node=None), _request_timeout=T)
+    await core.create_namespaced_pod(ns, _pod("done"), _request_timeout=T)
     await core.patch_namespaced_pod_status(
-        "done", "default", {"status": {"phase": "Succeeded"}}, _request_timeout=T
+        "done", ns, {"status": {"phase": "Succeeded"}}, _request_timeout=T
     )
     for name in ("pending", "done"):
-        answer = await _delete_pod(api, name)
+        answer = await _delete_pod(api, ns, name)
         assert answer["metadata"]["deletionGracePeriodSeconds"] == 0
         with pytest.raises(ApiException) as err:
-            await core.read_namespaced_pod(name, "default", _request_timeout=T)
+            await core.read_namespaced_pod(name, ns, _request_timeout=T)
         assert err.value.status == 404

@@ -35,14 +35,20 @@ def minor_of(world: str) -> str | None:
     return world.removeprefix(REAL_PREFIX) if world.startswith(REAL_PREFIX) else None
 
 
-def real_control_plane(minor: str) -> RealControlPlane:
-    """The shared control plane of ``minor``; skip (or on CI fail) when it is not built."""
+def require_built(minor: str) -> None:
+    """Skip (or on CI fail) unless the components of ``minor`` are built."""
     try:
-        return shared_control_plane(minor)
+        bin_dir_for(minor)
     except RealTierUnavailable as err:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{err} (CI=true: the real tier must run, not skip)")
         pytest.skip(str(err))
+
+
+def real_control_plane(minor: str) -> RealControlPlane:
+    """The shared control plane of ``minor``; skip (or on CI fail) when it is not built."""
+    require_built(minor)
+    return shared_control_plane(minor)
 
 
 def cluster_kwargs(world: str, control_plane: RealControlPlane | None = None) -> dict[str, Any]:
@@ -68,7 +74,7 @@ def own_control_plane(world: str) -> Iterator[RealControlPlane | None]:
         return
     from neuron_dra.common.paths import chart_crd_dir
 
-    real_control_plane(minor)  # skip or fail here, as the shared one would
+    require_built(minor)
     cp = RealControlPlane(
         bin_dir_for(minor), minor, crd_paths=sorted(chart_crd_dir().glob("*.yaml"))
     )
