@@ -20,9 +20,9 @@ that each run their own event loop. Children die with the process that started t
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -380,6 +380,9 @@ class RealControlPlane:
                 "--service-account-key-file", str(sa_key),
                 "--service-account-signing-key-file", str(sa_key),
                 "--api-audiences", SA_ISSUER,
+                # No Endpoints for the "kubernetes" Service: nothing runs in a pod here, and
+                # 1.37's reconciler refuses the loopback address we serve on.
+                "--endpoint-reconciler-type", "none",
                 "--service-cluster-ip-range", "10.96.0.0/16",
                 "--allow-privileged=true",
                 "--profiling=false",
@@ -534,9 +537,14 @@ class RealControlPlane:
 
 
 def _tail(path: Path, lines: int = 30) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return "(no log)"
+    """The log's klog error and fatal lines (``E1125 ...``, ``F1125 ...``) if it has any,
+    else its last ``lines`` lines: what says why a component stopped."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    errors = [line for line in text if re.match(r"[EF]\d{4} ", line)]
+    return "\n".join((errors or text)[-lines:])
 
 
 def process_alive(pid: int) -> bool:
