@@ -99,6 +99,12 @@ async def ns(api: k8s.ApiClient, world: str) -> AsyncIterator[str]:
             assert await resp.content.readline(), "watch closed before the ServiceAccount"
         resp.close()
     yield name
+    # Cluster-scoped objects do not go with the namespace: the slices carry its name.
+    res = k8s.ResourceV1Api(api)
+    for item in (await res.list_resource_slice(_request_timeout=T)).items:
+        if item.metadata.name.startswith(name):
+            with contextlib.suppress(ApiException):
+                await res.delete_resource_slice(item.metadata.name, _request_timeout=T)
     with contextlib.suppress(ApiException):
         await core.delete_namespace(name, _request_timeout=T)
 

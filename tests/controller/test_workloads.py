@@ -61,6 +61,7 @@ from neuron_dra.controller.workloads import (
     WorkloadReconciler,
     desired_workload_status,
     nus_status_with,
+    orphan_claims_key,
     split_holdings,
     with_condition,
 )
@@ -1418,3 +1419,23 @@ async def test_a_claim_placed_outside_the_workload_is_moved(
     assert "stray" in event["note"] and f"{other}-n2" in event["note"]
     assert state(cluster, "job") == ALLOCATED
     cluster.assert_no_double_booking()
+
+
+async def test_claims_of_a_deleted_workload_are_deleted_with_their_pods(
+    ctl: Controller, cluster: Cluster
+) -> None:
+    # The resourceclaim controller works from its own cache: after a workload's deletion has
+    # evicted its pods for the last time, it may still make a claim from the deleted template
+    # for a recreated pod (the real control plane did, in the e2e suite). Nobody holds that
+    # workloadId any more, so the claim and its pod go; a live workload's claims stay.
+    cluster.add_ultraserver("us-a")
+    obj = await allocate(ctl, cluster, "job", size=4, count=1)
+    wid = wid_of(obj)
+    cluster.publish_tags()
+    cluster.create_claim_with_pod("live", wid, "us-a-n0")
+    cluster.create_claim_with_pod("late", "job-0123abcd", "us-a-n1")
+    await ctl.converge(orphan_claims_key(NS, wid), orphan_claims_key(NS, "job-0123abcd"))
+
+    assert cluster.claims() == {"live"}
+    assert cluster.terminating_pods() == {"late-pod"}
+    assert state(cluster, "job") == ALLOCATED

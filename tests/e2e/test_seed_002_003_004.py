@@ -113,34 +113,41 @@ async def test_two_node_units_get_the_init_scripts_environment(
         assert len(ids) == 1
 
 
+def trn1_template(count: int) -> dict[str, Any]:
+    """``count`` devices of the trn1.32xlarge (no connectivity constraint: the plugin judges)."""
+    sel = "device.attributes['neuron.aws.com'].instanceType == 'trn1.32xlarge'"
+    request: dict[str, Any] = {
+        "deviceClassName": "neuron.aws.com",
+        "count": count,
+        "selectors": [{"cel": {"expression": sel}}],
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"trn1-{count}"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "neurons", "exactly": request}]}}},
+    }
+
+
+@pytest.mark.parametrize("count", [1, 4, 8, 16])
+async def test_trn1_connected_set_counts_are_prepared(walk: Walkthrough, count: int) -> None:
+    """seeds/003: 1, 4, 8 and 16 devices are the trn1.32xlarge's connected sets."""
+    await walk.sim.apply(trn1_template(count))
+    await walk.create_pod(f"trn1-{count}", f"trn1-{count}")
+    (pod,) = await walk.running([f"trn1-{count}"])
+    view = walk.view(pod)
+    assert view.node == "trn1-0" and len(view.devices) == count
+    assert view.device_nodes == sorted(
+        (f"/dev/neuron{int(d.removeprefix('neurondevice'))}" for d in view.devices),
+        key=lambda p: int(p.removeprefix("/dev/neuron")),
+    )
+
+
 @pytest.mark.parametrize("count", [2, 5, 7])
 async def test_trn1_refuses_counts_that_are_not_connected_sets(
     walk: Walkthrough, count: int
 ) -> None:
-    sel = "device.attributes['neuron.aws.com'].instanceType == 'trn1.32xlarge'"
-    await walk.sim.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": f"trn1-{count}"},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "neurons",
-                                "exactly": {
-                                    "deviceClassName": "neuron.aws.com",
-                                    "count": count,
-                                    "selectors": [{"cel": {"expression": sel}}],
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-    )
+    await walk.sim.apply(trn1_template(count))
     await walk.create_pod(f"trn1-{count}", f"trn1-{count}")
     (event,) = await walk.sim.wait_until(
         lambda: walk.sim.events(f"trn1-{count}", "FailedPrepareDynamicResources")[:1],

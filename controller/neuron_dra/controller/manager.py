@@ -55,7 +55,7 @@ from neuron_dra.controller.discovery import (
     keys_for_ultraserver,
 )
 from neuron_dra.controller.templates import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from neuron_dra.controller.workloads import WorkloadReconciler
+from neuron_dra.controller.workloads import WorkloadReconciler, orphan_claims_key
 
 log = logging.getLogger(__name__)
 
@@ -286,14 +286,20 @@ class ControllerManager:
 
     def _on_claim(self, claim: JsonDict) -> None:
         """A workload's claim was allocated (or changed): its workload checks that it landed on
-        one of its nodes (a stale tag can mislead the scheduler after a move)."""
-        if not ((claim.get("status") or {}).get("allocation")):
-            return
+        one of its nodes (a stale tag can mislead the scheduler after a move). A claim whose
+        workload is gone is queued for deletion (see ``_delete_orphan_claims``)."""
         meta = claim.get("metadata") or {}
         wid = (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID)
-        if wid:
-            for key in self.ctx.workloads.index_keys(WORKLOAD_BY_ID, str(wid)):
-                self.workload_queue.add(key)
+        if not wid or meta.get("deletionTimestamp"):
+            return
+        keys = self.ctx.workloads.index_keys(WORKLOAD_BY_ID, str(wid))
+        if not keys:
+            self.workload_queue.add(orphan_claims_key(str(meta.get("namespace", "")), str(wid)))
+            return
+        if not ((claim.get("status") or {}).get("allocation")):
+            return
+        for key in keys:
+            self.workload_queue.add(key)
 
     def _on_template(self, obj: JsonDict) -> None:
         key = _owner_workload_key(obj)

@@ -122,6 +122,13 @@ NUS_BY_WORKLOAD: Final = "workloads/by-workload-ref"
 #: Index on ``ctx.claims``: "namespace/workloadId" → the claims of that workload (every
 #: healthy reconcile looks for strays among its own claims, not the fleet's).
 CLAIMS_BY_WORKLOAD: Final = "workloads/claims-by-workload-id"
+#: Workload-queue keys ``<namespace>/:claims-of:<workloadId>`` (no workload name has a colon):
+#: the claims of a workloadId that no workload holds any more.
+ORPHAN_CLAIMS_MARK: Final = ":claims-of:"
+
+
+def orphan_claims_key(namespace: str, wid: str) -> str:
+    return f"{namespace}/{ORPHAN_CLAIMS_MARK}{wid}"
 
 
 #: Histogram buckets (seconds) for reconcile and decision times: fine below 100 ms, where the
@@ -851,6 +858,9 @@ class WorkloadReconciler:
             # failure strategies on every workload.
             return ReconcileResult(self.retry_requeue)
         namespace, _, name = key.partition("/")
+        if name.startswith(ORPHAN_CLAIMS_MARK):
+            await self._delete_orphan_claims(namespace, name.removeprefix(ORPHAN_CLAIMS_MARK))
+            return ReconcileResult(None)
         obj = self._workload(key)
         if obj is None:
             await self._release_orphans(namespace, name)
@@ -1562,13 +1572,39 @@ class WorkloadReconciler:
                     str(tmeta.get("name")), namespace, uid=str(tmeta.get("uid") or "") or None
                 )
 
+    async def _delete_orphan_claims(self, namespace: str, wid: str) -> None:
+        """Claims (and their pods) labelled with a workloadId no workload holds any more.
+
+        Deleting a workload evicts its pods and claims, deletes the template, and evicts once
+        more; but the resourceclaim controller works from its own cache, so it may still make
+        a claim from the deleted template for a pod its workload controller recreated. Such
+        a claim would be allocated on released devices that the plugin refuses (they are not
+        reserved for that workload), and its pod would wait forever."""
+        for obj in self.ctx.workloads.list():
+            meta = _meta(obj)
+            if meta.get("namespace") == namespace and (
+                workload_id(str(meta.get("name")), str(meta.get("uid") or "")) == wid
+            ):
+                return  # a live workload's claims: its own reconcile looks after them
+        deleted = await self._delete_claims_in(namespace, wid, on_nodes=None)
+        if deleted:
+            log.info(
+                "deleted claims %s of workloadId %s, whose workload is gone", deleted, wid
+            )
+
     async def _delete_claims(
         self, obj: JsonDict, wid: str, *, on_nodes: set[str] | None
     ) -> list[str]:
         """Delete the workload's ResourceClaims (all, or those allocated on ``on_nodes``) and
         the pods using them: a claim in use is only removed once its pods are gone, so
         deleting the claim alone would not restart (or stop) anything."""
-        namespace = str(_meta(obj).get("namespace"))
+        return await self._delete_claims_in(
+            str(_meta(obj).get("namespace")), wid, on_nodes=on_nodes
+        )
+
+    async def _delete_claims_in(
+        self, namespace: str, wid: str, *, on_nodes: set[str] | None
+    ) -> list[str]:
         claims_api = self.ctx.kube.resource(RESOURCE_CLAIMS)
         pods_api = self.ctx.kube.resource(PODS)
         listed = await claims_api.list_all(namespace, label_selector=f"{LABEL_WORKLOAD_ID}={wid}")

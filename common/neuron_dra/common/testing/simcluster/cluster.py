@@ -420,7 +420,14 @@ class SimCluster:
     # --- reading state (in-process) --------------------------------------------------------
 
     def slices(self) -> list[JsonDict]:
-        return self.view.list(RESOURCE_V1, "ResourceSlice")
+        """The ResourceSlices of this cluster's nodes (a shared real API server may hold
+        other tests' slices too)."""
+        mine = {n.name for n in self.nodes}
+        return [
+            s
+            for s in self.view.list(RESOURCE_V1, "ResourceSlice")
+            if (s.get("spec") or {}).get("nodeName") in mine
+        ]
 
     def ultraservers(self) -> list[JsonDict]:
         return self.view.list(NEURON_V1BETA1, "NeuronUltraServer", DRIVER_NAMESPACE)
