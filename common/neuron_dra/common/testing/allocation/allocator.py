@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -107,6 +107,10 @@ class _GaveUp(Exception):
     pass
 
 
+class _Aborted(Exception):
+    """The claim cannot be allocated as written (kube-scheduler returns an error)."""
+
+
 _UNSET: Final = object()
 
 
@@ -162,12 +166,10 @@ class _Search:
         applicable = self._applicable(alt)
         devices = self.matcher.matches(self.node, alt).devices
         if alt.all_mode:
-            if (
-                not devices
-                or any(d.pool_incomplete for d in devices)
-                or any(self._blocked(d, alt) for d in devices)
-                or not self._consistent(devices, applicable)
-            ):
+            if not devices or any(d.pool_incomplete for d in devices):
+                return False
+            self._check_all(alt, devices, applicable)
+            if any(self._blocked(d, alt) for d in devices):
                 return False
             return self._commit(alt, devices, applicable, i)
 
@@ -201,19 +203,34 @@ class _Search:
                 return False
         return True
 
-    def _consistent(
-        self, devices: Sequence[Device], applicable: Sequence[tuple[int, Constraint]]
-    ) -> bool:
-        for ci, c in applicable:
-            values = [d.attribute(c.attribute) for d in devices]
-            if None in values:
-                return False
-            if c.distinct:
-                if len(set(values)) < len(values) or self.used[ci].intersection(values):
-                    return False
-            elif len(set(values)) > 1 or self.fixed[ci] not in (_UNSET, values[0]):
-                return False
-        return True
+    def _check_all(
+        self,
+        alt: Alternative,
+        devices: Sequence[Device],
+        applicable: Sequence[tuple[int, Constraint]],
+    ) -> None:
+        """An ``All`` request takes its devices in scan order, each as kube-scheduler does:
+        one in use (or with a taint not tolerated) ends the attempt, one that breaks a
+        constraint is an error for the whole claim ("it does not make sense to declare a
+        claim where a constraint prevents getting all devices"), raised as ``_Aborted``."""
+        fixed = list(self.fixed)
+        used = [set(u) for u in self.used]
+        for d in devices:
+            if self._blocked(d, alt):
+                return
+            for ci, c in applicable:
+                value = d.attribute(c.attribute)
+                if c.distinct:
+                    ok = value is not None and value not in used[ci]
+                    used[ci].add(value)
+                else:
+                    ok = value is not None and fixed[ci] in (_UNSET, value)
+                    fixed[ci] = value
+                if not ok:
+                    raise _Aborted(
+                        f"request {alt.name}: cannot add device {d.pool}/{d.name} because "
+                        f"the claim's constraint {c.describe()} would not be satisfied"
+                    )
 
     def _combos(
         self, members: list[Device], count: int, i: int, distinct: Sequence[str]
@@ -327,34 +344,68 @@ def _check_errors(
     node: NodeDevices,
     claim: Claim,
     picks: Sequence[tuple[Alternative, list[Device]]] | None,
+    unavailable: AbstractSet[DeviceKey],
+    reached: Callable[[int], bool],
 ) -> list[str]:
     """Raise ClaimError for a selector error the scheduler would have hit; return the rest.
 
-    The scheduler evaluates selectors while it scans devices in order: every device for an
-    ``All`` request or a node where the search fails, only up to the last device it picked
-    when it succeeds.
+    The scheduler evaluates the selectors of an ``All`` request on every device of the node
+    before it allocates anything. Other requests evaluate them while it scans devices in
+    order, skipping devices in use (checked first): when the search succeeds, up to the last
+    device picked (and every device for a subrequest tried before the one picked); when it
+    fails, every free device of every request the search reached, and it reaches a request
+    only when the requests before it can be allocated together (``reached(i)``).
     """
     picked = {alt.name: devs for alt, devs in picks or ()}
     warnings: list[str] = []
-    for request in claim.requests:
+    for i, request in enumerate(claim.requests):
         chosen = next(
             (k for k, alt in enumerate(request.alternatives) if alt.name in picked),
             len(request.alternatives),
         )
+        in_use = set(unavailable)
+        for _, earlier in (picks or ())[:i]:
+            in_use.update(d.key for d in earlier)
         for k, alt in enumerate(request.alternatives):
             errors = matcher.matches(node, alt).errors
             if not errors:
                 continue
-            devs = picked.get(alt.name)
-            if (
-                picks is None  # the search failed: every device was looked at
-                or alt.all_mode  # All requests look at every device
-                or k < chosen  # an earlier subrequest that was tried and failed
-                or (devs is not None and errors[0][0].index < max(d.index for d in devs))
-            ):
+            if alt.all_mode:
                 raise ClaimError(errors[0][1])
+            scanned = [(d, msg) for d, msg in errors if d.key not in in_use]
+            devs = picked.get(alt.name)
+            if scanned and (
+                (picks is None and reached(i))  # the search failed: all it reached was scanned
+                or (picks is not None and k < chosen)  # a subrequest tried and failed
+                or (devs is not None and scanned[0][0].index < max(d.index for d in devs))
+            ):
+                raise ClaimError(scanned[0][1])
             warnings.extend(msg for _, msg in errors)
     return warnings
+
+
+def _reached(
+    matcher: Matcher,
+    node: NodeDevices,
+    claim: Claim,
+    unavailable: AbstractSet[DeviceKey],
+    max_steps: int,
+) -> Callable[[int], bool]:
+    """``reached(i)``: whether a failed search got to request ``i`` (its predecessors can
+    be allocated together on the node)."""
+    known: dict[int, bool] = {0: True}
+
+    def reached(i: int) -> bool:
+        if i not in known:
+            prefix = Claim(claim.requests[:i], claim.constraints, claim.config)
+            search = _Search(matcher, node, prefix, set(unavailable), max_steps)
+            try:
+                known[i] = search.run()
+            except (_GaveUp, _Aborted):
+                known[i] = True  # the scheduler got far enough to give up there too
+        return known[i]
+
+    return reached
 
 
 def _summary(explanations: Sequence[NodeExplanation]) -> str:
@@ -405,24 +456,49 @@ def allocate(
     unavailable = set(allocated)
     matcher = Matcher()
     explanations: list[NodeExplanation] = []
+    found_on: AllocationResult | None = None
     for node in nodes:
+        if found_on is not None and not _may_abort(matcher, node, claim):
+            continue
         search = _Search(matcher, node, claim, unavailable, max_steps)
         gave_up: int | None = None
         try:
             found = search.run()
+            warnings = _check_errors(
+                matcher,
+                node,
+                claim,
+                search.picks if found else None,
+                unavailable,
+                _reached(matcher, node, claim, unavailable, max_steps),
+            )
         except _GaveUp:
-            found, gave_up = False, max_steps
-        try:
-            warnings = _check_errors(matcher, node, claim, search.picks if found else None)
-        except ClaimError as err:
+            found, gave_up, warnings = False, max_steps, []
+        except (ClaimError, _Aborted) as err:
+            # kube-scheduler runs its filters on every node and one error fails the attempt,
+            # whether or not another node fits.
             return AllocationFailure(
                 str(err), (NodeExplanation(node.name, (str(err),)),), error=True
             )
+        if found_on is not None:
+            continue
         if found:
-            return _result(node.name, search.picks, claim, classes, warnings)
+            found_on = _result(node.name, search.picks, claim, classes, warnings)
+            continue
         explanations.append(
             NodeExplanation(
                 node.name, node_reasons(matcher, node, claim, unavailable, gave_up=gave_up)
             )
         )
+    if found_on is not None:
+        return found_on
     return AllocationFailure(_summary(explanations), tuple(explanations))
+
+
+def _may_abort(matcher: Matcher, node: NodeDevices, claim: Claim) -> bool:
+    """Whether allocating ``claim`` on ``node`` could end in an error: a selector failing on
+    one of its devices, or an ``All`` request with a constraint."""
+    alternatives = [alt for request in claim.requests for alt in request.alternatives]
+    return any(matcher.matches(node, alt).errors for alt in alternatives) or (
+        bool(claim.constraints) and any(alt.all_mode for alt in alternatives)
+    )
