@@ -1,32 +1,29 @@
-"""The Helm chart, checked without helm.
+"""The Helm chart, checked with the real helm (v3.19, hack/k8s/build --version helm).
 
-Every documented value set is rendered with Go's own text/template (hack/chart-render), each
-object is validated against the Kubernetes 1.34 schemas (kubernetes-validate, strict), the
-objects the chart promises are checked for their invariants (seamless plugin upgrades, the
-downward API, mounts, probes, least-privilege RBAC matching the code, the admission policies'
-CEL), and everything (CRDs included) is applied to the fake API server. Invalid values must
-fail with a message that says what to change.
+Every documented value set is rendered by ``helm template`` (once per session) and passes
+``helm lint --strict``; each object is validated against the Kubernetes 1.34 schemas
+(kubernetes-validate, strict), the objects the chart promises are checked for their
+invariants (seamless plugin upgrades, the downward API, mounts, probes, least-privilege RBAC
+matching the code, the admission policies' CEL), and everything (CRDs included) is applied to
+the fake API server. Invalid values (values.schema.json, templates/validate.yaml) must fail
+with a helm message that says what to change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import chartrender
 import kubernetes_validate
 import pytest
 import yaml
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
-from chartrender import ChartRenderer, Overrides, Release
 from neuron_dra.common import deviceclasses
 from neuron_dra.common.k8s import client as k8s
 from neuron_dra.common.k8s.client import ApiResource, KubeClient
@@ -36,9 +33,9 @@ from neuron_dra.controller import main as controller_main
 from neuron_dra.nodeplugin import main as plugin_main
 
 from .api_usage import COMPONENTS, Use
+from .conftest import CHART, Helm, HelmError, Overrides, Release
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "neuron-dra-driver"
 KUBE_SCHEMA_VERSION = "1.34"
 PLUGIN_SA = "system:serviceaccount:neuron-dra-driver:neuron-dra-driver-kubelet-plugin"
 CONTROLLER_SA = "system:serviceaccount:neuron-dra-driver:neuron-dra-driver-controller"
@@ -90,8 +87,27 @@ VALUE_SETS: dict[str, tuple[Overrides, Release]] = {
 
 
 @pytest.fixture(scope="module")
-def rendered(renderer: ChartRenderer) -> dict[str, list[dict[str, Any]]]:
-    return {name: renderer.render(*VALUE_SETS[name]) for name in VALUE_SETS}
+def rendered_text(helm: Helm) -> dict[str, str]:
+    """``helm template --include-crds`` of each value set, run once."""
+    return {name: helm.template_text(*VALUE_SETS[name], include_crds=True) for name in VALUE_SETS}
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered(rendered_text: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """The chart's objects of each value set, without the CRDs (crds/)."""
+    return {
+        name: [d for d in _docs(text) if d["kind"] != "CustomResourceDefinition"]
+        for name, text in rendered_text.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def crds(rendered_text: dict[str, str]) -> list[dict[str, Any]]:
+    return [d for d in _docs(rendered_text["default"]) if d["kind"] == "CustomResourceDefinition"]
 
 
 def one(objects: list[dict[str, Any]], kind: str, name_part: str = "") -> dict[str, Any]:
@@ -120,11 +136,11 @@ def env_of(c: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_every_object_is_valid_kubernetes_134(
-    rendered: dict[str, list[dict[str, Any]]], renderer: ChartRenderer, value_set: str
+    rendered: dict[str, list[dict[str, Any]]], crds: list[dict[str, Any]], value_set: str
 ) -> None:
     objects = rendered[value_set]
     assert objects
-    for obj in [*renderer.crds(), *objects]:
+    for obj in [*crds, *objects]:
         where = f"{obj['kind']} {obj['metadata'].get('name')}"
         try:
             kubernetes_validate.validate(obj, KUBE_SCHEMA_VERSION, strict=True)
@@ -139,23 +155,78 @@ def test_every_object_is_valid_kubernetes_134(
             assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == release.name, where
 
 
+def test_crds_are_the_chart_crds(crds: list[dict[str, Any]]) -> None:
+    on_disk = sorted(
+        yaml.safe_load(p.read_text())["metadata"]["name"] for p in (CHART / "crds").glob("*.yaml")
+    )
+    assert sorted(c["metadata"]["name"] for c in crds) == on_disk
+    assert len(on_disk) >= 2
+
+
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
-def test_templates_read_only_values_that_exist(
-    rendered: dict[str, list[dict[str, Any]]], renderer: ChartRenderer, value_set: str
-) -> None:
-    """Rendered strictly (a missing map key fails, like ``helm lint --strict``), the result is
-    the same: no template reads a misspelt value path that silently renders empty."""
-    assert renderer.render(*VALUE_SETS[value_set], strict=True) == rendered[value_set]
+def test_helm_lint_strict(helm: Helm, value_set: str) -> None:
+    out = helm.lint(*VALUE_SETS[value_set])
+    assert "0 chart(s) failed" in out
+    assert not [line for line in out.splitlines() if line.startswith(("[WARNING]", "[ERROR]"))]
 
 
-def test_strict_rendering_catches_a_misspelt_value(renderer: ChartRenderer, tmp_path: Path) -> None:
+def test_helm_lint_strict_fails_on_a_broken_template(helm: Helm, tmp_path: Path) -> None:
     chart = tmp_path / "neuron-dra-driver"
     shutil.copytree(CHART, chart)
-    (chart / "templates" / "typo.yaml").write_text("# port {{ .Values.kubeletPlugin.httpPrt }}\n")
-    typo = ChartRenderer(chart, renderer.binary)
-    assert typo.render_text()  # helm's default: renders the missing value as nothing
-    with pytest.raises(chartrender.RenderError, match=r"typo\.yaml.*httpPrt"):
-        typo.render_text(strict=True)
+    (chart / "templates" / "typo.yaml").write_text(
+        "# {{ .Values.kubeletPlugin.emulaton.enabled }}\n"
+    )
+    proc = helm.run("lint", "--strict", str(chart), "--namespace", "neuron-dra-driver")
+    assert proc.returncode != 0
+    assert re.search(r"\[ERROR\] templates/: .*typo\.yaml.*emulaton", proc.stdout), proc.stdout
+
+
+_VALUES_REF = re.compile(r"(\$\w+|\.Values)((?:\.[A-Za-z_]\w*)+)")
+_ASSIGN = re.compile(r"(\$\w+) :?= \.Values((?:\.[A-Za-z_]\w*)+)\s*-?}}")
+
+
+def _value_paths(text: str) -> set[tuple[str, ...]]:
+    """Every value path a template reads as ``.Values.a.b`` or ``$v.b`` after
+    ``$v := .Values.a`` (the chart's only two forms)."""
+    bound = {m[1]: tuple(m[2].strip(".").split(".")) for m in _ASSIGN.finditer(text)}
+    out = set()
+    for m in _VALUES_REF.finditer(text):
+        head = m[1]
+        if head != ".Values" and head not in bound:
+            continue  # a variable not bound to values (e.g. a range item)
+        base = () if head == ".Values" else bound[head]
+        out.add((*base, *m[2].strip(".").split(".")))
+    return out
+
+
+def test_templates_read_only_values_that_exist() -> None:
+    """Real helm renders a misspelt leaf value (.Values.a.typo) as nothing, even under
+    ``helm lint --strict``; so every value path the templates read must be in values.yaml."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    paths: set[tuple[str, ...]] = set()
+    for path in (CHART / "templates").iterdir():
+        paths |= _value_paths(path.read_text())
+    assert len(paths) > 40, sorted(paths)
+    missing = []
+    for path in sorted(paths):
+        node: Any = values
+        for key in path:
+            if not isinstance(node, dict):
+                break  # below a leaf that is itself an object (resources, affinity, ...)
+            if key not in node:
+                missing.append(".".join(path))
+                break
+            node = node[key]
+    assert not missing, f"templates read values that values.yaml does not have: {missing}"
+
+
+def test_misspelt_value_paths_are_found() -> None:
+    text = "{{- $p := .Values.kubeletPlugin }}\n{{ $p.httpPrt }} {{ .Values.image.tag }}"
+    assert _value_paths(text) == {
+        ("kubeletPlugin",),
+        ("kubeletPlugin", "httpPrt"),
+        ("image", "tag"),
+    }
 
 
 def test_kubernetes_validate_ships_the_schemas_we_check_against() -> None:
@@ -196,10 +267,10 @@ def test_device_classes_are_the_codes(rendered: dict[str, list[dict[str, Any]]])
     assert got == deviceclasses.default_device_classes()
 
 
-def test_values_are_schema_valid_and_match_the_profiles(renderer: ChartRenderer) -> None:
-    values = renderer.values()
+def test_values_match_the_profiles() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["kubeletPlugin"]["instanceTypes"] == list(PROFILES)
-    schema = chartrender.json.loads((CHART / "values.schema.json").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
     emulation = schema["properties"]["kubeletPlugin"]["properties"]["emulation"]
     assert emulation["properties"]["instanceType"]["enum"] == ["", *PROFILES]
 
@@ -234,7 +305,7 @@ def test_every_value_is_documented() -> None:
     """Each value in values.yaml has a comment above it, alone or heading a group of sibling
     one-line values."""
     lines = (CHART / "values.yaml").read_text().splitlines()
-    schema = chartrender.json.loads((CHART / "values.schema.json").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
     leaves = _declared_leaves(schema)
     seen, undocumented = set(), []
     for i, indent, path in _key_paths(lines):
@@ -639,110 +710,120 @@ def test_only_the_controller_writes_ultraservers(
             Release(),
             "maxSurge and maxUnavailable are both 0",
         ),
-        (["kubeletPlugin.instanceTypes={}"], Release(), "kubeletPlugin.instanceTypes is empty"),
+        (
+            # helm's --set reads {} as [""] (the schema refuses that); an empty list is JSON
+            Overrides.of(values={"kubeletPlugin.instanceTypes": []}),
+            Release(),
+            "kubeletPlugin.instanceTypes is empty",
+        ),
         ([], Release(namespace="default"), "install with --namespace neuron-dra-driver"),
     ],
 )
 def test_invalid_values_fail_with_what_to_change(
-    renderer: ChartRenderer, sets: list[str], release: Release, message: str
+    helm: Helm, sets: list[str] | Overrides, release: Release, message: str
 ) -> None:
-    with pytest.raises(chartrender.RenderError) as exc:
-        renderer.render(Overrides.of(*sets), release)
+    overrides = sets if isinstance(sets, Overrides) else Overrides.of(*sets)
+    with pytest.raises(HelmError) as exc:
+        helm.template(overrides, release)
     text = str(exc.value)
     assert message in text
-    assert text.startswith("execution error at (neuron-dra-driver/templates/validate.yaml:"), text
+    assert text.startswith(
+        "Error: execution error at (neuron-dra-driver/templates/validate.yaml:"
+    ), text
 
 
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["controller.replica=3"], "Additional properties are not allowed ('replica' was"),
-        (["kubeletPlugin.emulation.instanceType=trn9.huge"], "'trn9.huge' is not one of"),
-        (["logging.format=xml"], "logging.format: 'xml' is not one of ['text', 'json']"),
-        (["controller.replicas=two"], "controller.replicas: 'two' is not of type 'integer'"),
-        (["admissionPolicy.validationActions={Block}"], "'Block' is not one of"),
-        (["kubeletPlugin.kubeletDir=relative/path"], "kubeletPlugin.kubeletDir: 'relative/path'"),
+        # an unknown key
+        (
+            ["controller.replica=3"],
+            "- at '/controller': additional properties 'replica' not allowed",
+        ),
+        # bad enums
+        (
+            ["kubeletPlugin.emulation.instanceType=trn9.huge"],
+            "- at '/kubeletPlugin/emulation/instanceType': value must be one of '', 'inf1.xlarge'",
+        ),
+        (["logging.format=xml"], "- at '/logging/format': value must be one of 'text', 'json'"),
+        (
+            ["admissionPolicy.validationActions={Block}"],
+            "- at '/admissionPolicy/validationActions/0': value must be one of 'Deny', 'Warn'",
+        ),
+        # wrong types
+        (["controller.replicas=two"], "- at '/controller/replicas': got string, want integer"),
+        (["controller.enabled=yes"], "- at '/controller/enabled': got string, want boolean"),
+        # a minimum and a pattern
+        (["controller.replicas=0"], "- at '/controller/replicas': minimum: got 0, want 1"),
+        (
+            ["kubeletPlugin.kubeletDir=relative/path"],
+            "- at '/kubeletPlugin/kubeletDir': 'relative/path' does not match pattern '^/'",
+        ),
     ],
 )
-def test_schema_violations_are_refused(
-    renderer: ChartRenderer, sets: list[str], message: str
-) -> None:
-    with pytest.raises(chartrender.ValuesError) as exc:
-        renderer.render(Overrides.of(*sets))
-    assert "values don't meet the specifications of the schema" in str(exc.value)
-    assert message in str(exc.value)
+def test_schema_violations_are_refused(helm: Helm, sets: list[str], message: str) -> None:
+    """values.schema.json refuses them, in helm's words, naming the value."""
+    for run in (helm.template, helm.lint):
+        with pytest.raises(HelmError) as exc:
+            run(Overrides.of(*sets))
+        text = str(exc.value)
+        assert "values don't meet the specifications of the schema(s)" in text, text
+        assert message in text, text
 
 
-def test_kubernetes_older_than_134_is_refused(renderer: ChartRenderer) -> None:
-    with pytest.raises(chartrender.RenderError, match=r"requires kubeVersion: >=1\.34\.0-0"):
-        renderer.render(release=Release(kube_version="v1.33.5"))
-    assert renderer.render(release=Release(kube_version="v1.34.1-eks-abcdef"))
+def test_kubernetes_older_than_134_is_refused(helm: Helm) -> None:
+    with pytest.raises(HelmError, match=r"requires kubeVersion: >=1\.34\.0-0"):
+        helm.template(release=Release(kube_version="v1.33.5"))
+    assert helm.template(release=Release(kube_version="v1.34.1-eks-abcdef"))
 
 
-def test_set_parsing_and_merging() -> None:
-    assert chartrender.parse_set("a.b=1,c=true,d=x\\,y,e={p,q},f=null,g=01") == {
-        "a": {"b": 1},
-        "c": True,
-        "d": "x,y",
-        "e": ["p", "q"],
-        "f": None,
-        "g": "01",
-    }
-    assert chartrender.parse_set("a=1", kind="set-string") == {"a": "1"}
-    assert chartrender.parse_set('a={"b": [1]}', kind="set-json") == {"a": {"b": [1]}}
-    base = {"a": {"b": 1, "c": 2}, "d": [1], "e": 3}
-    assert chartrender.merge_values(base, {"a": {"b": 5}, "d": [2], "e": None}) == {
-        "a": {"b": 5, "c": 2},
-        "d": [2],
-    }
-    assert base == {"a": {"b": 1, "c": 2}, "d": [1], "e": 3}
-
-
-# --- NOTES and the CLI -----------------------------------------------------------------------
-
-
-def test_notes(renderer: ChartRenderer) -> None:
-    notes = renderer.render_text(notes=True)
-    assert "installed in namespace neuron-dra-driver" in notes
-    assert "deployment/neuron-dra-driver-controller" in notes
-    assert "<no value>" not in notes
-    emulated = renderer.render_text(VALUE_SETS["emulation"][0], notes=True)
-    assert "EMULATION MODE" in emulated and "trn2u.48xlarge" in emulated
-    without = renderer.render_text(Overrides.of("controller.enabled=false"), notes=True)
-    assert "controller is disabled" in without
-
-
-def test_render_chart_cli(renderer: ChartRenderer, tmp_path: Path) -> None:
-    env = {**os.environ, "NEURON_DRA_CACHE_DIR": str(renderer.binary.parent.parent)}
+def test_values_file_set_and_namespace(helm: Helm, tmp_path: Path) -> None:
+    """What a user types: ``-f values.yaml --set ... -n NS`` (the old hack/render-chart's
+    CLI check, now helm's own merging)."""
     values = tmp_path / "values.yaml"
     values.write_text("controller:\n  enabled: false\n")
-    cmd = [
-        sys.executable,
-        str(REPO / "hack" / "render-chart"),
-        "-f",
-        str(values),
-        "--set",
-        "deviceClasses.enabled=false",
-        "-n",
-        "neuron-x",
-        "--include-crds",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    docs = helm.template(
+        Overrides.of("deviceClasses.enabled=false"),
+        Release(namespace="neuron-x"),
+        include_crds=True,
+        extra=["-f", str(values)],
+    )
     assert {d["kind"] for d in docs} >= {"CustomResourceDefinition", "DaemonSet"}
     assert not {"Deployment", "DeviceClass"} & {d["kind"] for d in docs}
     assert {d["metadata"].get("namespace") for d in docs} <= {None, "neuron-x"}
-    bad = subprocess.run(
-        [*cmd[:2], "--set", "controller.replicas=0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert bad.returncode == 1
-    assert "controller.replicas: 0 is less than the minimum of 1" in bad.stderr
+
+
+# --- NOTES -----------------------------------------------------------------------------------
+
+
+def _notes(helm: Helm, tmp_path: Path, overrides: Overrides | None = None) -> str:
+    """templates/NOTES.txt rendered by helm's engine with the release's values.
+
+    ``helm template`` leaves NOTES.txt out and ``helm install --dry-run`` needs a cluster, so
+    a copy of the chart renders it through ``tpl`` into a ConfigMap."""
+    chart = tmp_path / "neuron-dra-driver"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.txt")
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+            'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
+        )
+    (cm,) = helm.template(overrides, chart=chart, extra=["--show-only", "templates/zz-notes.yaml"])
+    notes = cm["data"]["notes"]
+    assert isinstance(notes, str)
+    return notes
+
+
+def test_notes(helm: Helm, tmp_path: Path) -> None:
+    notes = _notes(helm, tmp_path)
+    assert "installed in namespace neuron-dra-driver" in notes
+    assert "deployment/neuron-dra-driver-controller" in notes
+    assert "<no value>" not in notes
+    emulated = _notes(helm, tmp_path, VALUE_SETS["emulation"][0])
+    assert "EMULATION MODE" in emulated and "trn2u.48xlarge" in emulated
+    without = _notes(helm, tmp_path, Overrides.of("controller.enabled=false"))
+    assert "controller is disabled" in without
 
 
 # --- applying to the fake API server ---------------------------------------------------------
@@ -750,7 +831,7 @@ def test_render_chart_cli(renderer: ChartRenderer, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value_set", ["default", "custom-namespace-image", "emulation"])
 async def test_applies_to_the_fake_apiserver(
-    rendered: dict[str, list[dict[str, Any]]], renderer: ChartRenderer, value_set: str
+    rendered: dict[str, list[dict[str, Any]]], crds: list[dict[str, Any]], value_set: str
 ) -> None:
     """CRDs first (as Helm installs crds/), then every rendered object, through the API."""
     objects = rendered[value_set]
@@ -762,7 +843,7 @@ async def test_applies_to_the_fake_apiserver(
         async with KubeClient(api, owned=True) as kube:
             first = [o for o in objects if o["kind"] == "Namespace"]
             rest = [o for o in objects if o["kind"] != "Namespace"]
-            for obj in [*renderer.crds(), *first, *rest]:
+            for obj in [*crds, *first, *rest]:
                 rt = server.resource_type(obj["apiVersion"], obj["kind"])
                 res = ApiResource(rt.group, rt.version, rt.plural, rt.kind, rt.namespaced)
                 created = await kube.resource(res).create(obj)
@@ -784,12 +865,13 @@ async def test_applies_to_the_fake_apiserver(
 
 @pytest.mark.kubectl
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not on PATH")
-async def test_kubectl_applies_the_rendered_chart(renderer: ChartRenderer, tmp_path: Path) -> None:
-    """What `helm template --include-crds | kubectl apply -f -` does, with the real kubectl:
+async def test_kubectl_applies_the_rendered_chart(
+    rendered_text: dict[str, str], tmp_path: Path
+) -> None:
+    """`helm template --include-crds | kubectl apply -f -`, with the real kubectl:
     everything is created, and applying again changes nothing."""
-    crds = "".join(p.read_text() + "\n---\n" for p in sorted((CHART / "crds").glob("*.yaml")))
     manifest = tmp_path / "chart.yaml"
-    manifest.write_text(crds + renderer.render_text())
+    manifest.write_text(rendered_text["default"])
     async with FakeAPIServer(crd_paths=[]) as server:
         kubeconfig = tmp_path / "kubeconfig"
         server.write_kubeconfig(kubeconfig)
@@ -811,7 +893,7 @@ async def test_kubectl_applies_the_rendered_chart(renderer: ChartRenderer, tmp_p
             return out.decode()
 
         first = await kubectl("apply", "-f", str(manifest))
-        assert first.count(" created") == len(renderer.crds()) + len(renderer.render())
+        assert first.count(" created") == len(_docs(rendered_text["default"]))
         second = await kubectl("apply", "-f", str(manifest))
         # kubectl always re-sends a PodDisruptionBudget's selector (its patch strategy is
         # "replace"), so that one reports "configured" against a real API server too.
