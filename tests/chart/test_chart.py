@@ -778,8 +778,7 @@ def test_kubernetes_older_than_134_is_refused(helm: Helm) -> None:
 
 
 def test_values_file_set_and_namespace(helm: Helm, tmp_path: Path) -> None:
-    """What a user types: ``-f values.yaml --set ... -n NS`` (the old hack/render-chart's
-    CLI check, now helm's own merging)."""
+    """What a user types: ``-f values.yaml --set ... -n NS``, merged by helm itself."""
     values = tmp_path / "values.yaml"
     values.write_text("controller:\n  enabled: false\n")
     docs = helm.template(

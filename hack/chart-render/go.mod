@@ -1,3 +1,0 @@
-module neuron-dra/hack/chart-render
-
-go 1.24
