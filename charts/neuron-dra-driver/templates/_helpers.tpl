@@ -1,7 +1,7 @@
 {{/*
 Named templates shared by the chart. Function use is kept to a small set (include, toYaml,
 nindent, quote, default, required, fail, trunc, trimSuffix, contains, printf, dict, list,
-int, toString, empty) so hack/chart-render can check the chart without helm.
+int, toString, empty) (a habit from before the chart was checked with the real helm).
 */}}
 
 {{/* The chart name, or nameOverride. */}}
