@@ -36,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="print only violations and the summary")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    # A simulated kubelet's failed sync (its plugin is down: the point of the soak) is
+    # retried with back-off; its traceback is noise here.
+    logging.getLogger("neuron_dra.common.testing.controlplane").setLevel(logging.CRITICAL)
     options = Options(
         minutes=args.minutes,
         seed=args.seed,
