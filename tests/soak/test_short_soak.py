@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.common.testing.soak.harness import (
+from neuron_dra.common.testing.realcluster import (
     APISERVER,
     CONTROLLER_MANAGER,
     ETCD,
+    SCHEDULER,
+)
+from neuron_dra.common.testing.soak.harness import (
     LEADER,
     PLUGIN,
-    SCHEDULER,
     STANDBY,
     Fault,
     Options,

@@ -621,6 +621,7 @@ class Soak:
             self._held_cp.add(target)
             self.cp.kill(target)
             await asyncio.sleep(fault.downtime)
+            restarted = time.monotonic()
             await self._restart_cp(target)
             self._held_cp.discard(target)
         else:
@@ -628,9 +629,9 @@ class Soak:
             child.held = True
             child.kill9()
             await asyncio.sleep(fault.downtime)
+            restarted = time.monotonic()
             await self._restart_child(child)
             child.held = False
-        restarted = time.monotonic()
         try:
             await self._wait(self._whole, f"whole after {fault.kind}", self.o.recover_limit)
         except TimeoutError as exc:
