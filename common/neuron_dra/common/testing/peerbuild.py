@@ -1,0 +1,161 @@
+"""Build the Go peer the benchmarks compare us with: the kubelet plugin of
+``sigs.k8s.io/dra-example-driver``, fetched by module version (none of its code is in this
+repository).
+
+Standard library only: ``hack/bench/build-peer`` runs it before any virtualenv exists, and
+the side-by-side benchmark (``hack/bench/peer``) imports it to find the binary.
+
+``hack/bench/go-peer/go.mod`` pins the release with a ``tool`` directive (made with ``go get
+-tool <package>@<version>``; its module graph is upstream's own ``go.mod``'s, checked against
+the checksum database through ``go.sum``). A module of our own rather than ``go install
+<package>@<version>``: that form looks the module's version list up for deprecation notices,
+which the module proxy reachable here refuses. The build is CGO off, ``-trimpath``, with
+upstream's ``-s -w`` link flags, into a staging directory renamed into place when complete,
+keyed like the Kubernetes builds (:mod:`.kubebuild`) by version and ``go.sum`` hash:
+
+    $NEURON_DRA_PEER_CACHE (default ~/.cache/neuron-dra/peer)/<version>-<go.sum hash>/bin
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .kubebuild import BuildError, _required_version, _run, repo_root
+
+PEER_MODULE = "sigs.k8s.io/dra-example-driver"
+PEER_PACKAGE = f"{PEER_MODULE}/cmd/dra-example-kubeletplugin"
+PEER_BINARY = "dra-example-kubeletplugin"
+CACHE_ENV = "NEURON_DRA_PEER_CACHE"
+
+
+class PeerUnavailable(Exception):
+    """The peer is not built here; the message says how to build it."""
+
+
+@dataclass(frozen=True)
+class PeerModule:
+    directory: Path
+    version: str  # the pinned release of sigs.k8s.io/dra-example-driver
+    go_sum_hash: str
+
+    @property
+    def bin_dir(self) -> Path:
+        return cache_root() / f"{self.version}-{self.go_sum_hash}" / "bin"
+
+    @property
+    def binary(self) -> Path:
+        return self.bin_dir / PEER_BINARY
+
+    def built(self) -> bool:
+        return self.binary.is_file()
+
+
+def module_dir() -> Path:
+    return repo_root() / "hack" / "bench" / "go-peer"
+
+
+def cache_root() -> Path:
+    default = Path.home() / ".cache" / "neuron-dra" / "peer"
+    return Path(os.environ.get(CACHE_ENV) or default)
+
+
+def peer_module(directory: Path | None = None) -> PeerModule:
+    directory = directory or module_dir()
+    go_mod = (directory / "go.mod").read_text()
+    go_sum = (directory / "go.sum").read_bytes()
+    digest = hashlib.sha256(go_mod.encode() + b"\0" + go_sum).hexdigest()[:12]
+    return PeerModule(directory, _required_version(go_mod, PEER_MODULE), digest)
+
+
+def peer_binary() -> Path:
+    """The built peer, or :class:`PeerUnavailable` saying how to build it."""
+    mod = peer_module()
+    if not mod.built():
+        raise PeerUnavailable(
+            f"the Go peer ({PEER_MODULE} {mod.version}) is not built: run "
+            f"`hack/bench/build-peer` (needs Go; cache {mod.bin_dir})"
+        )
+    return mod.binary
+
+
+def _log(message: str) -> None:
+    print(f"[hack/bench/build-peer] {message}", file=sys.stderr, flush=True)
+
+
+def build(mod: PeerModule, *, force: bool = False) -> Path:
+    """Build the peer into its cache directory (reused when present); its bin directory."""
+    if mod.built() and not force:
+        _log(f"{PEER_MODULE} {mod.version}: cached in {mod.bin_dir}")
+        return mod.bin_dir
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("no Go toolchain on PATH: install Go >= 1.26 to build the peer")
+    staging = mod.bin_dir.with_name(mod.bin_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOFLAGS": "-mod=readonly -buildvcs=false",
+        "GOTOOLCHAIN": "local",
+    }
+    started = time.monotonic()
+    _log(f"{PEER_MODULE} {mod.version}: downloading modules")
+    _run([go, "mod", "download"], mod.directory, env)
+    _log(f"{PEER_MODULE} {mod.version}: building {PEER_BINARY}")
+    out = staging / PEER_BINARY
+    _run(
+        [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), PEER_PACKAGE],
+        mod.directory,
+        env,
+    )
+    _log(f"{PEER_MODULE} {mod.version}: built in {time.monotonic() - started:.0f} s")
+    shutil.rmtree(mod.bin_dir, ignore_errors=True)
+    staging.rename(mod.bin_dir)
+    return mod.bin_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hack/bench/build-peer",
+        description=f"Build the kubelet plugin of {PEER_MODULE} (pinned in "
+        "hack/bench/go-peer/go.mod) into a cache keyed by version and go.sum hash; reuse it "
+        "when present.",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument(
+        "--optional",
+        action="store_true",
+        help="without a Go toolchain, say so in one line and exit 0 (the peer benchmark's "
+        "smoke test then skips); with CI=true a missing toolchain still fails",
+    )
+    parser.add_argument(
+        "--print-bin-dir", action="store_true", help="print the bin directory on stdout"
+    )
+    args = parser.parse_args(argv)
+    on_ci = os.environ.get("CI", "").lower() == "true"
+    if args.optional and not on_ci and shutil.which("go") is None:
+        _log("no Go toolchain: the peer benchmark will skip. Install Go >= 1.26 to build it.")
+        return 0
+    try:
+        mod = peer_module()
+        started = time.monotonic()
+        target = build(mod, force=args.force)
+        _log(f"{PEER_MODULE} {mod.version}: ready in {time.monotonic() - started:.0f} s")
+    except BuildError as err:
+        _log(f"BUILD FAILED: {err}")
+        return 1
+    if args.print_bin_dir:
+        print(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
