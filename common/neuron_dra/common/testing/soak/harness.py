@@ -108,6 +108,8 @@ FAULT_WEIGHTS: dict[str, int] = {
     ETCD: 2,
 }
 CONTROL_PLANE = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)
+#: Longest nodes directory that leaves room for ``/<node>/plugins/<driver>/dra.sock``.
+SHORT_PATH = 50
 
 
 @dataclass
@@ -272,6 +274,10 @@ def _allocated_devices(claim: JsonDict) -> list[tuple[str, str]]:
     ]
 
 
+class PluginStartError(RuntimeError):
+    """A plugin died before registering: no retry helps (bad flags, a path too long)."""
+
+
 class Soak:
     def __init__(self, options: Options) -> None:
         self.o = options
@@ -281,6 +287,7 @@ class Soak:
             raise ValueError(f"--nodes must be a multiple of {TOPOLOGY_SIZE}")
         self.nodes: list[SimNode] = ultraservers(options.nodes // TOPOLOGY_SIZE)
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="ndra-soak-", dir="/tmp"))
+        self.nodes_dir = self._short_nodes_dir()
         self.cp: RealControlPlane | None = None
         self.kube: KubeClient | None = None  # churn + checker
         self.kubelet_kube: KubeClient | None = None
@@ -344,8 +351,23 @@ class Soak:
 
     # --- paths ---------------------------------------------------------------------------
 
+    def _short_nodes_dir(self) -> Path:
+        """Where the nodes' kubelet directories live. A plugin's socket path
+        (``<dir>/<node>/plugins/neuron.aws.com/dra.sock``) must fit the 107 bytes of a Unix
+        socket address, so a long work directory (pytest's) gets its nodes in a short
+        directory under /tmp, linked from ``<workdir>/nodes`` so a kept work directory still
+        holds everything."""
+        nodes = self.workdir / "nodes"
+        if len(str(nodes)) <= SHORT_PATH:
+            return nodes
+        short = Path(tempfile.mkdtemp(prefix="ndra-n-", dir="/tmp"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        nodes.unlink(missing_ok=True)
+        nodes.symlink_to(short)
+        return short
+
     def node_root(self, node: str) -> Path:
-        return self.workdir / "nodes" / node
+        return self.nodes_dir / node
 
     def cdi_root(self, node: str) -> Path:
         return self.node_root(node) / "cdi"
@@ -420,9 +442,7 @@ class Soak:
             simulate_control_plane=False,
         )
         await self.sim.start()
-        await asyncio.wait_for(
-            asyncio.gather(*(k.registered.wait() for k in self.sim.kubelets.values())), 180
-        )
+        await self._wait(self._all_registered, "every plugin registered", 180)
         want = len(self.nodes) // TOPOLOGY_SIZE
         await self._wait(self._whole, "the system whole", self.o.recover_limit)
 
@@ -433,6 +453,19 @@ class Soak:
 
         await self._wait(discovered, f"{want} NeuronUltraServers", 120)
         self.event(f"started in {self.now():.1f}s")
+
+    async def _all_registered(self) -> bool | str:
+        """True once every node's kubelet registered its plugin; else which have not, with
+        the last line a dead plugin wrote (a plugin that cannot start says why there)."""
+        assert self.sim is not None
+        waiting = [n for n, k in self.sim.kubelets.items() if not k.registered.is_set()]
+        if not waiting:
+            return True
+        dead = [self.children[n] for n in waiting if not self.children[n].running()]
+        if dead:
+            lines = dead[0].log.read_text(errors="replace").strip().splitlines() or ["(empty)"]
+            raise PluginStartError(f"plugin {dead[0].name} exited: {lines[-1]}")
+        return f"not yet registered: {waiting}"
 
     async def _default_service_account(self) -> bool:
         assert self.kube is not None
@@ -471,6 +504,8 @@ class Soak:
                 last = await predicate()
                 if last is True or (last and not isinstance(last, str)):
                     return last
+            except PluginStartError:
+                raise
             except Exception as exc:  # the API may be down: try again
                 last = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
@@ -1216,6 +1251,8 @@ class Soak:
         (self.workdir / "report.json").write_text(json.dumps(report, indent=2))
         print(self.summary(report), flush=True)
         if not self.violations and not self.o.keep:
+            if self.nodes_dir.parent != self.workdir:
+                shutil.rmtree(self.nodes_dir, ignore_errors=True)
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:
             print(f"work directory kept: {self.workdir}", flush=True)
