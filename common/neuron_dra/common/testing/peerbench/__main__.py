@@ -1,0 +1,121 @@
+"""``hack/bench/peer``: our kubelet plugin and the Go peer, side by side, one run.
+
+    hack/bench/peer [--cycles 10000] [--warmup 200] [--batches 100] [--starts 3]
+                    [--floor-calls 300] [--minor 1.34] [--json PATH] [--profile-ours PATH]
+
+Needs the real Kubernetes components (``hack/k8s/build --version 1.34``) and the peer
+(``hack/bench/build-peer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .harness import OUR_INSTANCE_TYPE, Options, RunResult, run
+from .stats import Latency, markdown_table, rows, targets_met
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hack/bench/peer",
+        description="Our kubelet plugin and the Go peer (sigs.k8s.io/dra-example-driver) on "
+        "one real control plane: Prepare/Unprepare latency, start to slice published, RSS, "
+        "CPU, with ours/peer ratios.",
+    )
+    p.add_argument("--cycles", type=int, default=10_000, help="measured 1-claim cycles")
+    p.add_argument("--warmup", type=int, default=200, help="unmeasured cycles first")
+    p.add_argument("--batches", type=int, default=100, help="16-claim Prepare+Unprepare calls")
+    p.add_argument("--starts", type=int, default=3, help="process starts of each driver")
+    p.add_argument("--floor-calls", type=int, default=300, help="empty calls and claim GETs")
+    p.add_argument("--minor", default="1.34", help="Kubernetes minor of the control plane")
+    p.add_argument("--workdir", type=Path, help="keep logs and state here")
+    p.add_argument("--no-compile", action="store_true", help="do not byte-compile first")
+    p.add_argument("--json", type=Path, help="write every raw figure here")
+    p.add_argument(
+        "--profile-ours",
+        type=Path,
+        metavar="PATH",
+        help="run our plugin under py-spy record (a speedscope profile at PATH)",
+    )
+    return p
+
+
+def _go_version() -> str:
+    go = shutil.which("go")
+    if go is None:
+        return "?"
+    out = subprocess.run([go, "version"], capture_output=True, text=True, check=False).stdout
+    return out.strip().removeprefix("go version ")
+
+
+def report(result: RunResult, opts: Options, argv: list[str]) -> str:
+    """The printed report: machine and versions, the table, the targets, the floor."""
+    ours, peer = result.ours, result.peer
+    lines = [
+        f"command: hack/bench/peer {shlex.join(argv)}".rstrip(),
+        f"machine: {os.cpu_count()} CPUs, {platform.machine()}, load average at the end "
+        f"{os.getloadavg()[0]:.2f}; python {platform.python_version()}; {_go_version()}",
+        f"kubernetes {result.kubernetes} (etcd, kube-apiserver, kube-controller-manager, "
+        "kube-scheduler)",
+        f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE}, 16 devices); peer: "
+        f"{peer.version} (gpu profile, 16 devices)",
+        f"run took {result.finished - result.started:.0f} s",
+        "",
+        markdown_table(rows(ours, peer), "ours", "peer"),
+        "",
+    ]
+    for name, met in targets_met(ours, peer).items():
+        lines.append(f"target {name}: {'met' if met else 'MISSED'}")
+    get = Latency.of(result.claim_get)
+    lines += [
+        "",
+        f"floor parts: claim GET with our API client p50 {get.p50 * 1000:.2f} ms, p99 "
+        f"{get.p99 * 1000:.2f} ms (n={get.n}); empty Prepare (gRPC round trip) p50 ours "
+        f"{Latency.of(ours.empty_call).p50 * 1000:.2f} ms, peer "
+        f"{Latency.of(peer.empty_call).p50 * 1000:.2f} ms",
+        "RSS during the cycles (MiB): ours "
+        + " ".join(f"{k / 1024:.1f}" for k in ours.rss_samples_kib)
+        + "; peer "
+        + " ".join(f"{k / 1024:.1f}" for k in peer.rss_samples_kib),
+        f"RSS at the end: ours {ours.rss_end_kib / 1024:.1f} MiB, peer "
+        f"{peer.rss_end_kib / 1024:.1f} MiB",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(args_list)
+    wrapper: tuple[str, ...] = ()
+    if args.profile_ours:
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        wrapper = (py_spy, "record", "--format", "speedscope", "-o", str(args.profile_ours), "--")
+    opts = Options(
+        minor=args.minor,
+        starts=args.starts,
+        warmup=args.warmup,
+        cycles=args.cycles,
+        batches=args.batches,
+        floor_calls=args.floor_calls,
+        workdir=args.workdir,
+        compile=not args.no_compile,
+        ours_wrapper=wrapper,
+    )
+    result = run(opts)
+    print(report(result, opts, args_list), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(asdict(result), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
