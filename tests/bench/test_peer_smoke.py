@@ -1,0 +1,109 @@
+"""Smoke of the side-by-side benchmark (hack/bench/peer): a few cycles of both drivers on
+the real 1.34 control plane, and the table's arithmetic on made-up figures. Not a timed
+test: it checks that the harness runs and its numbers are sane, not how fast anything is.
+
+Off CI it skips when the Kubernetes components or the Go peer are not built
+(``hack/k8s/build --version 1.34``, ``hack/bench/build-peer``); with CI=true it fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from neuron_dra.common.testing.peerbench.harness import Options, run
+from neuron_dra.common.testing.peerbench.stats import (
+    OURS,
+    PEER,
+    DriverFigures,
+    Latency,
+    markdown_table,
+    percentile,
+    rows,
+    targets_met,
+)
+from neuron_dra.common.testing.peerbuild import PeerUnavailable, peer_binary
+from neuron_dra.common.testing.worlds import require_built
+
+MINOR = "1.34"
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 51.0  # round(0.5 * 99) = 50 -> the 51st value
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def _figures(label: str, scale: float, rss_kib: int, growth_kib: int) -> DriverFigures:
+    f = DriverFigures(label, "v")
+    f.prepare_1 = [0.004 * scale] * 99 + [0.010 * scale]
+    f.unprepare_1 = [0.002 * scale] * 100
+    f.prepare_16 = [0.030 * scale] * 10
+    f.unprepare_16 = [0.010 * scale] * 10
+    f.empty_call = [0.001] * 10
+    f.start_to_published = [0.5 * scale]
+    f.rss_rest_kib = rss_kib
+    f.rss_warm_kib = rss_kib
+    f.rss_samples_kib = [rss_kib, rss_kib + growth_kib]
+    f.cycles = 100
+    f.cycle_cpu_seconds = 0.5 * scale
+    return f
+
+
+def test_table_ratios_and_targets() -> None:
+    ours = _figures(OURS, 0.9, 60 * 1024, 0)
+    peer = _figures(PEER, 1.0, 40 * 1024, 3 * 1024)
+    table = {r.measure: r for r in rows(ours, peer)}
+    p50 = table["Prepare, 1 claim p50 (n=100)"]
+    assert (p50.ours, p50.peer, p50.ratio) == ("3.60 ms", "4.00 ms", "0.90")
+    assert p50.target.endswith("met") and "MISSED" not in p50.target
+    assert table["Prepare, 1 claim p99 (n=100)"].ratio == "0.90"
+    assert table["RSS at rest"].ratio == "1.50"
+    assert table["CPU s per 1,000 Prepare + Unprepare (1 claim)"].ours == "4.50 s"
+    assert all(targets_met(ours, peer).values())
+    # Ours slower at the median, twice the peer's memory plus growth: three targets missed.
+    worse = _figures(OURS, 1.1, 90 * 1024, 4 * 1024)
+    met = targets_met(worse, peer)
+    assert not met["prepare p50 ratio ≤ 1.0"]
+    assert met["prepare p99 ratio ≤ 1.2"]
+    assert not met["RSS ≤ 2x peer"]
+    assert not met["no RSS growth"]
+    md = markdown_table(rows(worse, peer), "ours", "peer")
+    assert md.splitlines()[0] == "| measure | ours | peer | ours/peer | target |"
+    assert "MISSED" in md
+
+
+def _require_peer() -> None:
+    try:
+        peer_binary()
+    except PeerUnavailable as err:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{err} (CI=true: the peer benchmark's smoke must run, not skip)")
+        pytest.skip(str(err))
+
+
+def test_peer_bench_smoke() -> None:
+    require_built(MINOR)
+    _require_peer()
+    cycles = 20
+    result = run(Options(minor=MINOR, starts=1, warmup=5, cycles=cycles, batches=3, floor_calls=10))
+    for f in (result.ours, result.peer):
+        assert len(f.prepare_1) == len(f.unprepare_1) == cycles
+        assert len(f.prepare_16) == len(f.unprepare_16) == 3
+        assert len(f.start_to_published) == 1
+        assert 0 < f.start_to_published[0] < 60
+        for calls in (f.prepare_1, f.unprepare_1, f.prepare_16, f.empty_call):
+            lat = Latency.of(calls)
+            assert 0 < lat.p50 <= lat.p99 < 10, (f.label, lat)
+        assert 1024 < f.rss_rest_kib < 1024 * 1024  # between 1 MiB and 1 GiB
+        assert len(f.rss_samples_kib) == 10
+        assert f.cpu_per_1000 > 0
+    assert result.kubernetes.startswith("v1.34.")
+    assert len(result.claim_get) == 10
+    table = markdown_table(rows(result.ours, result.peer), "ours", "peer")
+    assert "Prepare, 1 claim p50" in table and "RSS at rest" in table
+    body = [line.split("|") for line in table.splitlines()[2:]]
+    assert all(cells[2].strip() and cells[3].strip() for cells in body), table
