@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-ours",
         type=Path,
         metavar="PATH",
-        help="run our plugin under py-spy record (a speedscope profile at PATH)",
+        help="sample our plugin with py-spy over the measured cycles (collapsed stacks at "
+        "PATH, waits included); py-spy must be installed",
     )
     return p
 
@@ -95,10 +96,6 @@ def report(result: RunResult, opts: Options, argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
-    wrapper: tuple[str, ...] = ()
-    if args.profile_ours:
-        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        wrapper = (py_spy, "record", "--format", "speedscope", "-o", str(args.profile_ours), "--")
     opts = Options(
         minor=args.minor,
         starts=args.starts,
@@ -108,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         floor_calls=args.floor_calls,
         workdir=args.workdir,
         compile=not args.no_compile,
-        ours_wrapper=wrapper,
+        profile_ours=args.profile_ours,
     )
     result = run(opts)
     print(report(result, opts, args_list), flush=True)

@@ -66,8 +66,9 @@ class Options:
     floor_calls: int = 300
     workdir: Path | None = None
     compile: bool = True
-    #: Run our plugin under this profiler command (e.g. ``py-spy record -o out.svg --``).
-    ours_wrapper: Sequence[str] = ()
+    #: Sample our plugin with ``py-spy record --pid`` over the measured cycles into this file
+    #: (collapsed stacks, waits included).
+    profile_ours: Path | None = None
 
 
 @dataclass
@@ -114,9 +115,9 @@ class Driver:
         return self.plugin
 
 
-def _our_argv(d: Driver, kubeconfig: Path, wrapper: Sequence[str]) -> list[str]:
+def _our_argv(d: Driver, kubeconfig: Path) -> list[str]:
     return [
-        *wrapper, sys.executable, "-m", "neuron_dra.nodeplugin.main",
+        sys.executable, "-m", "neuron_dra.nodeplugin.main",
         "--node-name", d.node, "--kubeconfig", str(kubeconfig),
         "--cdi-root", str(d.cdi_root),
         "--kubelet-registrar-directory-path", str(d.registrar),
@@ -342,6 +343,26 @@ async def register(d: Driver) -> None:
         await asyncio.sleep(0.05)
 
 
+async def start_profiler(path: Path | None, pid: int) -> asyncio.subprocess.Process | None:
+    """``py-spy record`` attached to ``pid`` (without pausing it), or None."""
+    if path is None:
+        return None
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    proc = await asyncio.create_subprocess_exec(
+        py_spy, "record", "--pid", str(pid), "--idle", "--nonblocking", "--rate", "200",
+        "--format", "raw", "-o", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    await asyncio.sleep(1)  # attached
+    return proc
+
+
+async def stop_profiler(proc: asyncio.subprocess.Process | None) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        await asyncio.wait_for(proc.wait(), 60)
+
+
 def check(d: Driver, results: dict[str, Any], what: str) -> None:
     errors = [r.error for r in results.values() if r.error]
     if errors:
@@ -378,13 +399,13 @@ def _progress(message: str) -> None:
 
 
 async def measure(
-    opts: Options, cp: RealControlPlane, workdir: Path, cdi_base: Path
+    opts: Options, cp: RealControlPlane, workdir: Path, cdi_base: Path, claim_get: list[float]
 ) -> list[Driver]:
     kubeconfig = cp.kubeconfig(ADMIN)
     ours = Driver(
         OURS, DRIVER_NAME, DRIVER_NAME, "bench-ours", _our_version(),
         workdir / OURS, cdi_base / OURS,
-        lambda d, kc: _our_argv(d, kc, opts.ours_wrapper),
+        _our_argv,
     )  # fmt: skip
     peer = Driver(
         PEER, PEER_DRIVER, PEER_DRIVER, "bench-peer", f"{PEER_MODULE} {peer_module().version}",
@@ -399,7 +420,7 @@ async def measure(
     async with await connect(kubeconfig) as kube:
         try:
             await _setup(kube, drivers, leases)
-            await _measure(opts, kube, kubeconfig, drivers)
+            await _measure(opts, kube, kubeconfig, drivers, claim_get)
         finally:
             for d in drivers:
                 with contextlib.suppress(Exception):
@@ -431,7 +452,11 @@ async def _setup(kube: KubeClient, drivers: Sequence[Driver], leases: list[NodeL
 
 
 async def _measure(
-    opts: Options, kube: KubeClient, kubeconfig: Path, drivers: Sequence[Driver]
+    opts: Options,
+    kube: KubeClient,
+    kubeconfig: Path,
+    drivers: Sequence[Driver],
+    claim_get: list[float],
 ) -> None:
     # Start-up, alternated; the last start of each stays up for the rest.
     for s in range(opts.starts):
@@ -469,6 +494,7 @@ async def _measure(
         d.figures.rss_warm_kib = rss_kib(d.pid)
     _progress(f"warm-up of {opts.warmup} cycles done; {opts.cycles} measured cycles")
 
+    profiler = await start_profiler(opts.profile_ours, drivers[0].pid)
     cpu0 = {d.label: cpu_seconds(d.pid) for d in drivers}
     sample_every = max(1, opts.cycles // 10)
     for i in range(opts.cycles):
@@ -484,6 +510,7 @@ async def _measure(
     for d in drivers:
         d.figures.cycle_cpu_seconds = cpu_seconds(d.pid) - cpu0[d.label]
         d.figures.cycles = opts.cycles
+    await stop_profiler(profiler)
 
     for b in range(opts.batches):
         for d in alternating(drivers, b):
@@ -491,24 +518,18 @@ async def _measure(
             d.figures.unprepare_16.append(await timed_unprepare(d, d.claims))
     _progress(f"{opts.batches} 16-claim batches done")
 
+    # The floor: a gRPC round trip alone (a Prepare of no claims) per driver, and a GET of
+    # one claim with our API client (the plugin's), interleaved, with both plugins up.
+    claims = kube.resource(RESOURCE_CLAIMS)
     for i in range(opts.floor_calls):
         for d in alternating(drivers, i):
             d.figures.empty_call.append(await timed_prepare(d, []))
+        one = drivers[i % 2].claims[i % DEVICES]
+        t = time.perf_counter()
+        await claims.get(one.name, one.namespace)
+        claim_get.append(time.perf_counter() - t)
     for d in drivers:
         d.figures.rss_end_kib = rss_kib(d.pid)
-
-
-async def claim_get_floor(kubeconfig: Path, refs: Sequence[ClaimRef], n: int) -> list[float]:
-    """Seconds per GET of one claim with our API client (the one our plugin uses)."""
-    out: list[float] = []
-    async with await connect(kubeconfig) as kube:
-        api = kube.resource(RESOURCE_CLAIMS)
-        for i in range(n):
-            ref = refs[i % len(refs)]
-            t = time.perf_counter()
-            await api.get(ref.name, ref.namespace)
-            out.append(time.perf_counter() - t)
-    return out
 
 
 def _our_version() -> str:
@@ -551,10 +572,8 @@ def run(opts: Options) -> RunResult:
     try:
         cp.start()
         kubernetes = cp.kubectl("version", "-o", "json")
-        drivers = asyncio.run(measure(opts, cp, workdir, cdi_base))
-        refs = [c for d in drivers for c in d.claims]
-
-        claim_get = asyncio.run(claim_get_floor(cp.kubeconfig(ADMIN), refs, opts.floor_calls))
+        claim_get: list[float] = []
+        drivers = asyncio.run(measure(opts, cp, workdir, cdi_base, claim_get))
         ok = True
         return RunResult(
             drivers[0].figures,
