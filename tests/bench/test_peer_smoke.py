@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from neuron_dra.common.testing.peerbench.harness import Options, run
+from neuron_dra.common.testing.peerbench.harness import Options, parse_sum_count, run
 from neuron_dra.common.testing.peerbench.stats import (
     OURS,
     PEER,
@@ -101,9 +101,29 @@ def test_peer_bench_smoke() -> None:
         assert 1024 < f.rss_rest_kib < 1024 * 1024  # between 1 MiB and 1 GiB
         assert len(f.rss_samples_kib) == 10
         assert f.cpu_per_1000 > 0
+    for f in (result.ours, result.peer):  # from each driver's own metrics
+        assert f.own_prepare_mean is not None
+        assert 0 < f.own_prepare_mean < max(f.prepare_1), f.label
     assert result.kubernetes.startswith("v1.34.")
     assert len(result.claim_get) == 10
     table = markdown_table(rows(result.ours, result.peer), "ours", "peer")
     assert "Prepare, 1 claim p50" in table and "RSS at rest" in table
     body = [line.split("|") for line in table.splitlines()[2:]]
     assert all(cells[2].strip() and cells[3].strip() for cells in body), table
+
+
+def test_parse_sum_count_adds_label_sets() -> None:
+    text = "\n".join(
+        [
+            "# HELP m_seconds help",
+            "# TYPE m_seconds histogram",
+            'm_seconds_bucket{le="0.005"} 3',
+            'm_seconds_sum{result="ok"} 0.25',
+            'm_seconds_count{result="ok"} 4',
+            'm_seconds_sum{result="error"} 0.05',
+            'm_seconds_count{result="error"} 1',
+            "m_seconds_other_sum 9",
+        ]
+    )
+    assert parse_sum_count(text, "m_seconds") == (0.30, 5)
+    assert parse_sum_count(text, "absent") is None

@@ -83,6 +83,7 @@ def report(result: RunResult, opts: Options, argv: list[str]) -> str:
         f"{get.p99 * 1000:.2f} ms (n={get.n}); empty Prepare (gRPC round trip) p50 ours "
         f"{Latency.of(ours.empty_call).p50 * 1000:.2f} ms, peer "
         f"{Latency.of(peer.empty_call).p50 * 1000:.2f} ms",
+        *split(result),
         "RSS during the cycles (MiB): ours "
         + " ".join(f"{k / 1024:.1f}" for k in ours.rss_samples_kib)
         + "; peer "
@@ -91,6 +92,32 @@ def report(result: RunResult, opts: Options, argv: list[str]) -> str:
         f"{peer.rss_end_kib / 1024:.1f} MiB",
     ]
     return "\n".join(lines)
+
+
+def split(result: RunResult) -> list[str]:
+    """Each driver's one-claim Prepare (means over the cycles) split by its own histogram."""
+    ours, peer = result.ours, result.peer
+    if not ours.empty_call or not result.claim_get:
+        return []
+    get = sum(result.claim_get) / len(result.claim_get)
+    out = [f"means over the cycles: claim GET with our API client {get * 1000:.2f} ms"]
+    if ours.own_prepare_mean is not None:
+        total, inside = ours.prepare_1_mean, ours.own_prepare_mean
+        out.append(
+            f"ours: 1-claim Prepare {total * 1000:.2f} ms = in the plugin "
+            f"(neuron_dra_prepare_seconds: claim GET, plan, CDI spec, checkpoint) "
+            f"{inside * 1000:.2f} ms + gRPC and the servicer {(total - inside) * 1000:.2f} ms"
+        )
+    if peer.own_prepare_mean is not None:
+        total, work = peer.prepare_1_mean, peer.own_prepare_mean
+        grpc = sum(peer.empty_call) / len(peer.empty_call)
+        out.append(
+            f"peer: 1-claim Prepare {total * 1000:.2f} ms = its own work (CDI spec, "
+            f"checkpoint + fsync) {work * 1000:.2f} ms + an empty call's gRPC "
+            f"{grpc * 1000:.2f} ms + the rest (claim GET with client-go, the helper) "
+            f"{(total - work - grpc) * 1000:.2f} ms"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

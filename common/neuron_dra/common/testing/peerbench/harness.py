@@ -10,6 +10,7 @@ import asyncio
 import compileall
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -33,7 +34,7 @@ from neuron_dra.common.k8s.errors import AlreadyExistsError, NotFoundError
 from neuron_dra.common.paths import chart_crd_dir
 from neuron_dra.common.testing.controlplane import ensure_device_classes
 from neuron_dra.common.testing.peerbuild import PEER_MODULE, peer_binary, peer_module
-from neuron_dra.common.testing.realcluster import ADMIN, RealControlPlane, bin_dir_for
+from neuron_dra.common.testing.realcluster import ADMIN, RealControlPlane, bin_dir_for, free_port
 from neuron_dra.common.testing.simcluster.realworld import (
     SERVICE_ACCOUNTS,
     NodeLease,
@@ -88,6 +89,11 @@ class Driver:
     kubelet: KubeletClient | None = None
     plugin: DraPlugin | None = None
     claims: list[ClaimRef] = field(default_factory=list)
+    #: Where its Prometheus metrics are served, and the histogram of its per-claim Prepare
+    #: time there (ours: neuron_dra_prepare_seconds, the claim GET included; the peer's:
+    #: its own work, no GET).
+    metrics_port: int | None = None
+    prepare_metric: str = ""
 
     def __post_init__(self) -> None:
         self.figures = DriverFigures(self.label, self.version)
@@ -135,6 +141,7 @@ def _peer_argv(d: Driver, kubeconfig: Path) -> list[str]:
         "--kubelet-registrar-directory-path", str(d.registrar),
         "--kubelet-plugins-directory-path", str(d.plugins_dir),
         "--num-devices", str(DEVICES),
+        "--metrics-port", str(d.metrics_port),
         # client-go's defaults (5 QPS, burst 10) would make the benchmark measure the
         # peer's client-side throttle: each Prepare GETs its claims. Ours has none.
         "--kube-api-qps", "1000", "--kube-api-burst", "1000",
@@ -312,9 +319,15 @@ async def start_plugin(d: Driver, kube: KubeClient, kubeconfig: Path) -> float:
 
 
 async def stop_plugin(d: Driver) -> None:
-    if d.kubelet is not None:
-        await d.kubelet.close()
+    try:
+        if d.kubelet is not None:
+            await d.kubelet.close()
+    finally:
         d.kubelet, d.plugin = None, None
+        await _terminate(d)
+
+
+async def _terminate(d: Driver) -> None:
     if d.proc is not None and d.proc.returncode is None:
         d.proc.send_signal(signal.SIGTERM)
         try:
@@ -341,6 +354,42 @@ async def register(d: Driver) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{d.label} plugin did not register; log {d.log}")
         await asyncio.sleep(0.05)
+
+
+OUR_PREPARE_METRIC = "neuron_dra_prepare_seconds"
+PEER_PREPARE_METRIC = "dra_example_driver_prepare_claim_duration_seconds"
+
+
+async def prepare_metric(d: Driver) -> tuple[float, int] | None:
+    """(sum of seconds, count) of the driver's own per-claim Prepare histogram."""
+    if d.metrics_port is None:
+        return None
+    import aiohttp
+
+    url = f"http://127.0.0.1:{d.metrics_port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        text = await resp.text()
+    return parse_sum_count(text, d.prepare_metric)
+
+
+def our_http_port(log: Path) -> int | None:
+    """The port our plugin printed last (``neuron-dra-kubelet-plugin: http port N``; the log
+    is appended to by every start)."""
+    found = re.findall(rb"http port (\d+)", log.read_bytes())
+    return int(found[-1]) if found else None
+
+
+def parse_sum_count(text: str, metric: str) -> tuple[float, int] | None:
+    """A histogram's ``_sum`` and ``_count`` from Prometheus text (all label sets added)."""
+    total, count, seen = 0.0, 0, False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == f"{metric}_sum":
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+        elif name == f"{metric}_count":
+            count += int(float(line.rsplit(" ", 1)[1]))
+    return (total, count) if seen else None
 
 
 async def start_profiler(path: Path | None, pid: int) -> asyncio.subprocess.Process | None:
@@ -411,6 +460,8 @@ async def measure(
         PEER, PEER_DRIVER, PEER_DRIVER, "bench-peer", f"{PEER_MODULE} {peer_module().version}",
         workdir / PEER, cdi_base / PEER, _peer_argv,
     )  # fmt: skip
+    ours.prepare_metric = OUR_PREPARE_METRIC
+    peer.metrics_port, peer.prepare_metric = free_port(), PEER_PREPARE_METRIC
     drivers = [ours, peer]
     for d in drivers:
         # The kubelet makes its plugins and registration directories; the peer expects them.
@@ -470,6 +521,7 @@ async def _measure(
     for d in drivers:
         await register(d)
         await create_claims_and_pods(kube, d)
+    drivers[0].metrics_port = our_http_port(drivers[0].log)  # printed once it serves
     for d in drivers:
 
         async def allocated(d: Driver = d) -> bool:
@@ -495,6 +547,7 @@ async def _measure(
     _progress(f"warm-up of {opts.warmup} cycles done; {opts.cycles} measured cycles")
 
     profiler = await start_profiler(opts.profile_ours, drivers[0].pid)
+    work0 = {d.label: await prepare_metric(d) for d in drivers}
     cpu0 = {d.label: cpu_seconds(d.pid) for d in drivers}
     sample_every = max(1, opts.cycles // 10)
     for i in range(opts.cycles):
@@ -510,6 +563,9 @@ async def _measure(
     for d in drivers:
         d.figures.cycle_cpu_seconds = cpu_seconds(d.pid) - cpu0[d.label]
         d.figures.cycles = opts.cycles
+        before, after = work0[d.label], await prepare_metric(d)
+        if before is not None and after is not None and after[1] > before[1]:
+            d.figures.own_prepare_mean = (after[0] - before[0]) / (after[1] - before[1])
     await stop_profiler(profiler)
 
     for b in range(opts.batches):

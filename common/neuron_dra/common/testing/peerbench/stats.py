@@ -52,11 +52,18 @@ class DriverFigures:
     rss_end_kib: int = 0  # after every phase
     cycles: int = 0
     cycle_cpu_seconds: float = 0.0  # CPU the process used over the measured cycles
+    #: Mean seconds per claim of the driver's own Prepare histogram over the cycles (ours:
+    #: the claim GET included; the peer's: its own work, no GET), None if not read.
+    own_prepare_mean: float | None = None
 
     @property
     def cpu_per_1000(self) -> float:
         """CPU seconds per 1,000 one-claim Prepare + Unprepare cycles."""
         return self.cycle_cpu_seconds * 1000 / self.cycles if self.cycles else 0.0
+
+    @property
+    def prepare_1_mean(self) -> float:
+        return sum(self.prepare_1) / len(self.prepare_1) if self.prepare_1 else 0.0
 
     @property
     def rss_after_cycles_kib(self) -> int:
