@@ -100,7 +100,10 @@ def split(result: RunResult) -> list[str]:
     if not ours.empty_call or not result.claim_get:
         return []
     get = sum(result.claim_get) / len(result.claim_get)
-    out = [f"means over the cycles: claim GET with our API client {get * 1000:.2f} ms"]
+    out = [
+        f"means (Prepares over the cycles; the floor's claim GETs): claim GET with our API "
+        f"client {get * 1000:.2f} ms"
+    ]
     if ours.own_prepare_mean is not None:
         total, inside = ours.prepare_1_mean, ours.own_prepare_mean
         out.append(
