@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -141,6 +142,12 @@ def rss_kib(pid: int) -> tuple[int, int]:
         if ":" in line
     )
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 Buckets = dict[str, list[tuple[float, float]]]

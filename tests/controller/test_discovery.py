@@ -791,3 +791,25 @@ async def test_unknown_keys_are_harmless(h: Harness, key: str) -> None:
     before = h.writes()
     await h.reconcile(key)
     assert h.writes() == before
+
+
+async def test_writes_never_modify_the_cached_objects_they_start_from(h: Harness) -> None:
+    """Spec and status writes start from shallow copies of the cached NUS (no deep copy per
+    pass): the cache must still hold exactly what the API server sent."""
+    h.add_ultraserver(0)
+    await h.reconcile(us_id(0))
+    for change in (
+        lambda: h.set_ready(node_name(0, 2), False),  # a status write
+        lambda: h.delete_slices(node_name(0, 3)),  # a spec write (the node leaves) and status
+    ):
+        h.clock.t += 60
+        change()
+        await h.sync()
+        cached = h.ctx.ultraservers.get_by_name(nus_name(us_id(0)), NS)
+        assert cached is not None
+        snapshot = copy.deepcopy(cached)
+        await h.discovery.reconcile(us_id(0))
+        written = h.nus(0)
+        assert written is not None
+        assert written["metadata"]["resourceVersion"] != snapshot["metadata"]["resourceVersion"]
+        assert cached == snapshot

@@ -8,9 +8,12 @@ from typing import Any
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.controller import workloads
 from neuron_dra.controller.discovery import (
+    NodeStore,
     SliceStore,
     group_ultraservers,
+    node_state,
     slice_ultraserver_id,
+    slim_node,
     slim_slice,
 )
 from neuron_dra.nodeplugin.discovery.model import (
@@ -100,3 +103,57 @@ def test_slice_store_stores_slim_objects() -> None:
     assert len(store) == 2
     assert store.apply_event("DELETED", second[0]) is not None
     assert len(store) == 1
+
+
+def test_equal_attribute_maps_are_shared_and_a_changed_one_is_not() -> None:
+    slim = slim_slice(slices_of(0, unhealthy=(3,))[0])
+    devices = slim["spec"]["devices"]
+    attrs = [d["attributes"] for d in devices if d["name"].startswith("neurondevice")]
+    healthy = [a for a in attrs if a.get("healthy") == {"bool": True}]
+    assert len(healthy) == 15 and all(a is healthy[0] for a in healthy)
+    sick = devices[3]["attributes"]
+    assert sick == {**healthy[0], "healthy": {"bool": False}} and sick is not healthy[0]
+    # Another slim of an equal slice shares the same maps (a relist costs no new ones).
+    again = slim_slice(slices_of(0, unhealthy=(3,))[0])
+    assert again["spec"]["devices"][0]["attributes"] is devices[0]["attributes"]
+
+
+def _node(ready: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n0",
+            "labels": {"node.kubernetes.io/instance-type": "trn2u.48xlarge"},
+            "annotations": {"big": "x" * 1000},
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"providerID": "aws:///us-west-2a/i-0", "unschedulable": True},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": ready, "reason": "KubeletReady"},
+            ],
+            "images": [{"names": ["img"], "sizeBytes": 1}] * 50,
+            "nodeInfo": {"kubeletVersion": "v1.34.0"},
+        },
+    }
+
+
+def test_slim_node_keeps_what_the_controller_reads() -> None:
+    for ready in ("True", "False", "Unknown"):
+        full = _node(ready)
+        before = copy.deepcopy(full)
+        slim = slim_node(full)
+        assert full == before
+        assert node_state(slim) == node_state(full)
+        assert workloads.node_ready(slim) == workloads.node_ready(full)
+        assert slim["status"] == {"conditions": [full["status"]["conditions"][1]]}
+        assert slim["metadata"]["labels"] == full["metadata"]["labels"]
+        assert "annotations" not in slim["metadata"] and "managedFields" not in slim["metadata"]
+        assert slim["spec"] == full["spec"]
+    store = NodeStore()
+    store.replace([_node("True")], "1")
+    assert store.list()[0] == slim_node(_node("True"))
+    delta = store.apply_event("MODIFIED", _node("False"))
+    assert delta is not None and node_state(delta.new) == "NotReady"

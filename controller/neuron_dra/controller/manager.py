@@ -47,6 +47,8 @@ from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQue
 from neuron_dra.common.ultraserver import node_reservations
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.discovery import (
+    NodeListClient,
+    NodeStore,
     SliceListClient,
     SliceStore,
     UltraServerDiscovery,
@@ -132,6 +134,7 @@ class ControllerManager:
             ),
             namespace=config.namespace,
             slices=SliceStore(),
+            nodes=NodeStore(),
         )
         self.ctx.ultraservers.add_index(NUS_BY_HELD_NODE, _held_nodes)
         self.ctx.workloads.add_index(WORKLOAD_BY_ID, _workload_id)
@@ -151,7 +154,9 @@ class ControllerManager:
                 field_selector=f"spec.driver={DRIVER_NAME}",
                 metrics=reflector_metrics,
             ),
-            Reflector(kube.resource(NODES), ctx.nodes, name="nodes", metrics=reflector_metrics),
+            Reflector(
+                NodeListClient(kube, NODES), ctx.nodes, name="nodes", metrics=reflector_metrics
+            ),
             Reflector(
                 kube.resource(NEURON_ULTRASERVERS),
                 ctx.ultraservers,
