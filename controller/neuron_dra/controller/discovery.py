@@ -923,26 +923,42 @@ class _SharedAttributes(dict[str, Any]):
 _SHARED_ATTRIBUTES: weakref.WeakValueDictionary[tuple[Any, ...], _SharedAttributes] = (
     weakref.WeakValueDictionary()
 )
+_SHARED_VALUES: weakref.WeakValueDictionary[tuple[Any, ...], _SharedAttributes] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _shared(
+    cache: weakref.WeakValueDictionary[Any, _SharedAttributes], key: Any, value: Any
+) -> Any:
+    """The one ``_SharedAttributes`` equal to ``value`` (a dict), keyed by ``key``."""
+    shared = cache.get(key)
+    if shared is None:
+        shared = _SharedAttributes(value)
+        cache[key] = shared
+    return shared
 
 
 def _slim_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {}
     parts: list[tuple[str, Any]] = []
-    for k, v in attributes.items():
-        if k in SLICE_ATTRIBUTES_READ:
-            kept[k] = v
-            parts.append((k, tuple(v.items()) if isinstance(v, dict) else v))
-    # Keyed in the order received: plugins publish a stable order, and another order only
-    # costs a second map.
-    key = tuple(parts)
     try:
-        shared = _SHARED_ATTRIBUTES.get(key)
+        for k, v in attributes.items():
+            if k in SLICE_ATTRIBUTES_READ:
+                if isinstance(v, dict):
+                    # The typed value ({"string": "trn2u.48xlarge"}, {"int": 0}) is shared
+                    # too: most are equal on every node of the fleet.
+                    vkey = tuple(v.items())
+                    v = _shared(_SHARED_VALUES, vkey, v)
+                    parts.append((k, vkey))
+                else:
+                    parts.append((k, v))
+                kept[k] = v
+        # Keyed in the order received: plugins publish a stable order, and another order
+        # only costs a second map.
+        return _shared(_SHARED_ATTRIBUTES, tuple(parts), kept)  # type: ignore[no-any-return]
     except TypeError:  # an unhashable (malformed) value: keep this map to itself
-        return kept
-    if shared is None:
-        shared = _SharedAttributes(kept)
-        _SHARED_ATTRIBUTES[key] = shared
-    return shared
+        return {k: v for k, v in attributes.items() if k in SLICE_ATTRIBUTES_READ}
 
 
 def _already_slim(devices: list[Any], meta: Any) -> bool:
