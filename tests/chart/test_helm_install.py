@@ -1,0 +1,97 @@
+"""``helm install``, ``helm upgrade`` and ``helm uninstall`` of the chart into the real
+kube-apiserver of each pinned minor (1.34 and the newest), by the real helm.
+
+Every object the chart renders (CRDs included) must exist afterwards as rendered (the live
+object contains every rendered field; the API server adds its defaults), an upgrade with
+changed values must change exactly those (the DaemonSet's rolling-update settings kept), and
+an uninstall must remove everything but what helm never deletes: the CRDs of ``crds/`` (and
+with them every NeuronUltraServer and workload) and the namespace ``--create-namespace``
+made. docs/upgrade.md says the same for users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from neuron_dra.common.testing.realcluster import APISERVER, ETCD
+
+from .conftest import Helm, Overrides
+from .realchart import NS, RELEASE, ChartOnCluster, control_plane, key, minor_params, not_in
+
+
+@pytest.fixture(scope="module", params=minor_params())
+def chart(request: pytest.FixtureRequest, helm: Helm) -> Iterator[ChartOnCluster]:
+    # No scheduler or controller-manager: nothing here needs pods, and without them no pod
+    # of the DaemonSet or Deployment is made (there are no kubelets to run them).
+    with control_plane(request.param, components=(ETCD, APISERVER)) as cp:
+        yield ChartOnCluster(helm, cp)
+
+
+def _missing(chart: ChartOnCluster, rendered: list[dict[str, Any]]) -> list[str]:
+    live = chart.live(rendered)
+    out = []
+    for obj in rendered:
+        got = live.get(key(obj))
+        if got is None:
+            out.append(f"{key(obj)}: not in the API server")
+            continue
+        out += [f"{key(obj)}{d}" for d in not_in(obj, got)]
+    return out
+
+
+UPGRADE = Overrides.of(
+    "image.tag=0.2.0-test",
+    "kubeletPlugin.updateStrategy.maxSurge=2",
+    "logging.verbosity=6",
+)
+
+
+def test_install_upgrade_uninstall(chart: ChartOnCluster) -> None:
+    # --- install ------------------------------------------------------------------------
+    chart.install()
+    assert chart.release()["info"]["status"] == "deployed"
+    rendered = chart.rendered(include_crds=True)
+    kinds = {o["kind"] for o in rendered}
+    assert {
+        "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "Role", "RoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "DaemonSet", "Deployment", "PodDisruptionBudget",
+        "Service",
+    } <= kinds, kinds  # fmt: skip
+    assert _missing(chart, rendered) == []
+
+    # --- upgrade with changed values --------------------------------------------------------
+    chart.upgrade(UPGRADE)
+    release = chart.release()
+    assert (release["info"]["status"], release["version"]) == ("deployed", 2)
+    upgraded = chart.rendered(UPGRADE, include_crds=True)
+    assert _missing(chart, upgraded) == []
+    live = chart.live([o for o in upgraded if o["kind"] == "DaemonSet"])
+    (daemonset,) = live.values()
+    strategy = daemonset["spec"]["updateStrategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 2, "maxUnavailable": 0},
+    }
+    images = {c["image"] for c in daemonset["spec"]["template"]["spec"]["containers"]}
+    assert images == {"neuron-dra:0.2.0-test"}
+    # Only what the values changed: the rest of the DaemonSet is as the first install made it.
+    before = next(o for o in rendered if o["kind"] == "DaemonSet")
+    after = next(o for o in upgraded if o["kind"] == "DaemonSet")
+    assert not_in(before["spec"], after["spec"], "spec") == [
+        "spec.updateStrategy.rollingUpdate.maxSurge: want 1, got 2",
+        "spec.template.spec.containers[0].image: want 'neuron-dra:0.1.0', "
+        "got 'neuron-dra:0.2.0-test'",
+        "spec.template.spec.containers[0].args[0]: want '--v=2', got '--v=6'",
+    ]
+
+    # --- uninstall ------------------------------------------------------------------------
+    chart.uninstall()
+    left = chart.live(upgraded)
+    crds = {key(o) for o in upgraded if o["kind"] == "CustomResourceDefinition"}
+    assert set(left) == crds, sorted(set(left) - crds)
+    namespaces = chart.cp.kubectl("get", "namespace", NS, "-o", "name")
+    assert namespaces.strip() == f"namespace/{NS}"  # --create-namespace's is not removed
+    assert RELEASE not in chart.cp.kubectl("get", "secrets", "-n", NS, "-o", "name")
