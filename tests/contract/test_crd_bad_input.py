@@ -10,6 +10,7 @@ import copy
 import json
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +122,13 @@ def _kubectl(cp: RealControlPlane, verb: str, obj: dict[str, Any], tmp: Path) ->
 
 
 @pytest.fixture(scope="module", params=[pytest.param(m, id=f"real-{m}") for m in enabled_minors()])
-def cp(request: pytest.FixtureRequest) -> RealControlPlane:
+def cp(request: pytest.FixtureRequest) -> Iterator[RealControlPlane]:
     plane = real_control_plane(request.param)
     plane.kubectl("create", "namespace", NS, check=False)
-    return plane
+    yield plane
+    # The shared control plane hosts other tests' controllers next: leave no workload
+    # behind for them to allocate.
+    plane.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 def test_the_document_lists_exactly_the_cases() -> None:
