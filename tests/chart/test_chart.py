@@ -245,7 +245,7 @@ def test_kubernetes_validate_ships_the_schemas_we_check_against() -> None:
 
 def test_default_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert kinds(rendered["default"]) == sorted(
-        ["ClusterRole"] * 2
+        ["ClusterRole"] * 4  # the plugin's, the controller's, workloads-edit and -view
         + ["ClusterRoleBinding"] * 2
         + ["Role"] * 2
         + ["RoleBinding"] * 2
