@@ -70,6 +70,8 @@ RESOURCE_V1 = "resource.k8s.io/v1"
 NEURON_V1BETA1 = "neuron.aws.com/v1beta1"
 #: Bound for one awaited condition: generous, as CI machines are small and shared.
 DEFAULT_LIMIT = 60.0
+#: The controller's component name for ``SimCluster(identities=...)`` (plugins: node names).
+CONTROLLER = "controller"
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 FAKE, REAL = "fake", "real"
 KUBERNETES_WORLDS = (FAKE, REAL)
@@ -87,10 +89,16 @@ class SimCluster:
         kubernetes: str = FAKE,
         control_plane: RealControlPlane | None = None,
         minor: str | None = None,
+        identities: Callable[[str], Path] | None = None,
     ) -> None:
         """``kubernetes``: ``"fake"`` or ``"real"``. On a real world, ``control_plane`` is
         the one to use (default: the process's shared one of ``minor``, default the newest
-        pinned); the cluster's nodes must not exist there yet."""
+        pinned); the cluster's nodes must not exist there yet.
+
+        ``identities``: the kubeconfig each of our components talks with, by component
+        (``CONTROLLER`` or a node's name for its plugin), called when the component starts
+        (after the nodes are registered); default: the cluster's admin kubeconfig. The
+        chart's identity tests pass ServiceAccount tokens here."""
         if kubernetes not in KUBERNETES_WORLDS:
             raise ValueError(f"kubernetes must be one of {KUBERNETES_WORLDS}, not {kubernetes!r}")
         self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
@@ -112,6 +120,7 @@ class SimCluster:
         self.manager: Any = None  # ControllerManager (imported lazily: controller package)
         self.plugins: dict[str, Any] = {}  # node → KubeletPlugin
         self._clients: list[KubeClient] = []
+        self._identities = identities
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -124,8 +133,12 @@ class SimCluster:
     def registrar_dir(self, node: str) -> Path:
         return self.node_root(node) / "plugins_registry"
 
-    async def _client(self) -> KubeClient:
-        kube = await connect(self.kubeconfig)
+    async def _client(self, component: str | None = None) -> KubeClient:
+        """An API client: the admin's, or ``component``'s identity (see ``identities``)."""
+        path = self.kubeconfig
+        if component is not None and self._identities is not None:
+            path = self._identities(component)
+        kube = await connect(path)
         self._clients.append(kube)
         return kube
 
@@ -244,7 +257,7 @@ class SimCluster:
                 http_port=0,
                 boot_id_path=root / "boot_id",
             ),
-            await self._client(),
+            await self._client(node.name),
         )
         await plugin.start()
         self.plugins[node.name] = plugin
@@ -253,7 +266,7 @@ class SimCluster:
         from neuron_dra.controller.manager import ControllerManager, ManagerConfig
 
         self.manager = ControllerManager(
-            await self._client(),
+            await self._client(CONTROLLER),
             ManagerConfig(namespace=DRIVER_NAMESPACE, http_host="127.0.0.1", http_port=0),
         )
         await self.manager.start()
