@@ -56,7 +56,12 @@ from neuron_dra.common.constants import (
 )
 from neuron_dra.common.events import EventType, ObjectRef
 from neuron_dra.common.k8s.cache import Delta, Store
-from neuron_dra.common.k8s.client import NEURON_ULTRASERVERS, ResourceClient
+from neuron_dra.common.k8s.client import (
+    NEURON_ULTRASERVERS,
+    ApiResource,
+    KubeClient,
+    ResourceClient,
+)
 from neuron_dra.common.k8s.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -1024,54 +1029,55 @@ def slim_node(obj: JsonDict) -> JsonDict:
     return out
 
 
-class NodeListClient(ResourceClient):
-    """Node client whose LIST pages come back slimmed (``slim_node``)."""
+Slim = Callable[[JsonDict], JsonDict]
+
+
+class SlimListClient(ResourceClient):
+    """A client whose LIST pages come back cut down by ``slim``, so a relist of the fleet
+    never holds more than one page of full objects (the store slims too, but only once the
+    whole list has arrived)."""
+
+    def __init__(self, kube: KubeClient, resource: ApiResource, slim: Slim) -> None:
+        super().__init__(kube, resource)
+        self._slim = slim
 
     async def list(self, *args: Any, **kwargs: Any) -> JsonDict:
         page = await super().list(*args, **kwargs)
         items = page.get("items")
         if isinstance(items, list):
-            page["items"] = [slim_node(o) if isinstance(o, dict) else o for o in items]
+            page["items"] = [self._slim(o) if isinstance(o, dict) else o for o in items]
         return page
 
 
-class NodeStore(Store):
-    """The controller's Node cache: stores ``slim_node`` of every Node."""
+class SlimStore(Store):
+    """A cache that stores ``slim(obj)`` of every object, so its size does not grow with
+    fields the controller never reads. Handlers see the slim objects too."""
+
+    def __init__(self, slim: Slim) -> None:
+        super().__init__()
+        self._slim = slim
 
     def apply_event(self, event_type: str, obj: JsonDict) -> Delta | None:
         if event_type in ("ADDED", "MODIFIED", "DELETED"):
-            obj = slim_node(obj)
+            obj = self._slim(obj)
         return super().apply_event(event_type, obj)
 
     def replace(self, objs: Iterable[JsonDict], rv: str) -> list[Delta]:
-        return super().replace((slim_node(o) for o in objs), rv)
+        return super().replace((self._slim(o) for o in objs), rv)
 
 
-class SliceListClient(ResourceClient):
-    """ResourceSlice client whose LIST pages come back slimmed (``slim_slice``), so a relist
-    of the fleet never holds more than one page of full objects: the store slims too, but
-    only once the whole list has arrived."""
+class SliceStore(SlimStore):
+    """The controller's ResourceSlice cache (``slim_slice``)."""
 
-    async def list(self, *args: Any, **kwargs: Any) -> JsonDict:
-        page = await super().list(*args, **kwargs)
-        items = page.get("items")
-        if isinstance(items, list):
-            page["items"] = [slim_slice(o) if isinstance(o, dict) else o for o in items]
-        return page
+    def __init__(self) -> None:
+        super().__init__(slim_slice)
 
 
-class SliceStore(Store):
-    """The controller's ResourceSlice cache: stores ``slim_slice`` of every object, so its
-    size does not grow with attributes the controller never reads. Handlers see the slim
-    objects too."""
+class NodeStore(SlimStore):
+    """The controller's Node cache (``slim_node``)."""
 
-    def apply_event(self, event_type: str, obj: JsonDict) -> Delta | None:
-        if event_type in ("ADDED", "MODIFIED", "DELETED"):
-            obj = slim_slice(obj)
-        return super().apply_event(event_type, obj)
-
-    def replace(self, objs: Iterable[JsonDict], rv: str) -> list[Delta]:
-        return super().replace((slim_slice(o) for o in objs), rv)
+    def __init__(self) -> None:
+        super().__init__(slim_node)
 
 
 # ---------------------------------------------------------------------------------------------

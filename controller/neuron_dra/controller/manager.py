@@ -47,14 +47,15 @@ from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQue
 from neuron_dra.common.ultraserver import node_reservations
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.discovery import (
-    NodeListClient,
     NodeStore,
-    SliceListClient,
     SliceStore,
+    SlimListClient,
     UltraServerDiscovery,
     keys_for_node,
     keys_for_slice,
     keys_for_ultraserver,
+    slim_node,
+    slim_slice,
 )
 from neuron_dra.controller.templates import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from neuron_dra.controller.workloads import WorkloadReconciler, orphan_claims_key
@@ -148,14 +149,17 @@ class ControllerManager:
         ctx = self.ctx
         self.reflectors = [
             Reflector(
-                SliceListClient(kube, RESOURCE_SLICES),
+                SlimListClient(kube, RESOURCE_SLICES, slim_slice),
                 ctx.slices,
                 name="resourceslices",
                 field_selector=f"spec.driver={DRIVER_NAME}",
                 metrics=reflector_metrics,
             ),
             Reflector(
-                NodeListClient(kube, NODES), ctx.nodes, name="nodes", metrics=reflector_metrics
+                SlimListClient(kube, NODES, slim_node),
+                ctx.nodes,
+                name="nodes",
+                metrics=reflector_metrics,
             ),
             Reflector(
                 kube.resource(NEURON_ULTRASERVERS),
