@@ -44,7 +44,7 @@ from neuron_dra.common.k8s.client import (
 from neuron_dra.common.k8s.leaderelection import LeaderElectionConfig, LeaderElector
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQueue
-from neuron_dra.common.ultraserver import node_reservations
+from neuron_dra.common.ultraserver import node_reservations, workload_id
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.discovery import (
     NodeStore,
@@ -200,7 +200,7 @@ class ControllerManager:
         nusw.add_handler(
             on_add=self._on_workload,
             on_update=lambda _o, n: self._on_workload(n),
-            on_delete=self._on_workload,
+            on_delete=self._on_workload_deleted,
         )
         rcts.add_handler(
             on_add=self._on_template,
@@ -292,6 +292,16 @@ class ControllerManager:
     def _on_workload(self, obj: JsonDict) -> None:
         meta = obj.get("metadata") or {}
         self.workload_queue.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+    def _on_workload_deleted(self, obj: JsonDict) -> None:
+        """The workload is gone for good (its finalizer removed). A claim made from its
+        template while it was being deleted was still its workload's then, so ``_on_claim``
+        queued no orphan check for it, and an allocated claim sees no further event: look
+        for such claims now."""
+        self._on_workload(obj)
+        meta = obj.get("metadata") or {}
+        wid = workload_id(str(meta.get("name", "")), str(meta.get("uid") or ""))
+        self.workload_queue.add(orphan_claims_key(str(meta.get("namespace", "")), wid))
 
     def _on_claim(self, claim: JsonDict) -> None:
         """A workload's claim was allocated (or changed): its workload checks that it landed on
