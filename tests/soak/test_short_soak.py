@@ -1,4 +1,4 @@
-"""The chaos soak (issue 13) in short: ``hack/soak`` with a fixed seed on 8 nodes for 90 s of
+"""The chaos soak (issue 13) in short: ``hack/soak`` with a fixed seed on 8 nodes for 75 s of
 churn, with every kind of process killed (-9) at least once, must end with no
 violation and no process left behind. The invariant checks themselves are exercised on
 hand-made snapshots, so a checker that sees nothing cannot pass for a system that breaks
@@ -132,7 +132,7 @@ def test_short_soak_kills_every_kind_of_process_and_loses_nothing(tmp_path: Path
     require_built(MINOR)
     soak = Soak(
         Options(
-            minutes=1.5,
+            minutes=1.25,
             seed=13,
             nodes=8,
             minor=MINOR,
