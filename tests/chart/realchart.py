@@ -91,12 +91,10 @@ class ChartOnCluster:
     def live(self, objects: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], Any]:
         """The API server's copy of each object (``kubectl get -f``), keyed by
         (kind, namespace, name); absent ones are missing from the result."""
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir="/tmp") as f:
             yaml.safe_dump_all(list(objects), f)
-        try:
+            f.flush()
             out = self.cp.kubectl("get", "-f", f.name, "-o", "json", "--ignore-not-found")
-        finally:
-            Path(f.name).unlink()
         if not out.strip():
             return {}
         doc = json.loads(out)
@@ -145,18 +143,24 @@ def request_token(
             "apiVersion": "v1", "kind": "Pod", "name": m["name"], "uid": m["uid"],
         }  # fmt: skip
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-    out = cp.kubectl(
-        "create", "--raw",
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-        "-f", _write_tmp(json.dumps(body)),
-    )  # fmt: skip
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+    with _json_file(body) as file:
+        out = cp.kubectl("create", "--raw", path, "-f", file)
     return str(json.loads(out)["status"]["token"])
 
 
-def _write_tmp(text: str) -> str:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir="/tmp") as f:
-        f.write(text)
-    return f.name
+@contextlib.contextmanager
+def _json_file(obj: Any) -> Iterator[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", dir="/tmp") as f:
+        json.dump(obj, f)
+        f.flush()
+        yield f.name
+
+
+def create(cp: RealControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
+    """``kubectl create`` of one object as the admin; the created object."""
+    with _json_file(obj) as file:
+        return dict(json.loads(cp.kubectl("create", "-o", "json", "-f", file)))
 
 
 def identity_pod(
@@ -176,8 +180,7 @@ def identity_pod(
             "containers": [{"name": "plugin", "image": "neuron-dra:identity"}],
         },
     }
-    out = cp.kubectl("create", "-o", "json", "-f", _write_tmp(json.dumps(pod)))
-    return dict(json.loads(out))
+    return create(cp, pod)
 
 
 def token_kubeconfig(cp: RealControlPlane, token: str, path: Path) -> Path:

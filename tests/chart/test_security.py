@@ -34,6 +34,7 @@ from .realchart import (
     CONTROLLER_SA,
     NS,
     PLUGIN_SA,
+    RELEASE,
     ChartOnCluster,
     control_plane,
     identity_pod,
@@ -295,3 +296,26 @@ def test_the_controls_succeed(world: World) -> None:
         ),
     }
     assert {k: v for k, v in results.items() if not v[0]} == {}
+
+
+# --- the policies as the API server reads them ---------------------------------------------------
+
+
+def test_admission_policies_pass_the_apiservers_type_check(world: World) -> None:
+    """The controller-manager's policy status controller type-checks each policy's CEL
+    against the schemas of the resources it matches and reports what would fail at
+    admission (an unknown field, a type mismatch) as warnings: there must be none."""
+    cp = world.cp
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    cp.kubectl(
+        "wait", "validatingadmissionpolicy", "-l", selector, "--timeout=60s",
+        "--for=jsonpath={.status.observedGeneration}=1",
+    )  # fmt: skip
+    policies = json.loads(
+        cp.kubectl("get", "validatingadmissionpolicy", "-l", selector, "-o", "json")
+    )
+    checked = {p["metadata"]["name"]: p["status"].get("typeChecking") for p in policies["items"]}
+    assert len(checked) == 2, checked
+    assert {
+        name: tc for name, tc in checked.items() if tc is None or tc.get("expressionWarnings")
+    } == {}
