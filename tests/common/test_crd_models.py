@@ -76,7 +76,7 @@ def test_empty_rct_ref_defaults_to_workload_name() -> None:
         ({"serverCount": 1001}, "less than or equal to 1000"),
         ({"instanceType": ""}, "at least 1 character"),
         ({"allocationPolicy": {"failureStrategy": "MigrateAffected"}}, "'NoOp'"),
-        ({"resourceClaimTemplate": {"name": "Bad_Name"}}, "should match pattern"),
+        ({"resourceClaimTemplate": {"name": "Bad_Name"}}, "must be a lowercase RFC 1123 subdomain"),
         ({"config": {"logicalNeuronCore": 4}}, "logicalNeuronCore must be 1 or 2, got 4"),
         ({"topologySizes": 4}, "Extra inputs are not permitted"),
     ],

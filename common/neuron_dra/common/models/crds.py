@@ -11,6 +11,7 @@ key is caught in tests rather than pruned by the API server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal
@@ -71,6 +72,37 @@ NodeName = Annotated[str, Field(min_length=1, max_length=NODE_NAME_MAX_LENGTH)]
 ObjectName = Annotated[str, Field(min_length=1, max_length=DNS_SUBDOMAIN_MAX_LENGTH)]
 Timestamp = Annotated[datetime, Field(description="RFC 3339 date-time.")]
 
+
+def _object_name(field: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if not re.fullmatch(DNS_SUBDOMAIN_PATTERN, value):
+            raise ValueError(f"{field} must be {OBJECT_NAME_WORDS}, got {value!r}")
+        return value
+
+    return check
+
+
+#: What an object name must look like, in the words of the API server's own message for
+#: metadata.name (a ``pattern`` would answer with the regular expression instead).
+OBJECT_NAME_WORDS = (
+    "a lowercase RFC 1123 subdomain: lower case alphanumeric characters, '-' or '.', "
+    "starting and ending with an alphanumeric character (e.g. 'train-claims')"
+)
+TemplateName = Annotated[
+    str,
+    AfterValidator(_object_name("resourceClaimTemplate.name")),
+    Field(
+        min_length=1,
+        max_length=DNS_SUBDOMAIN_MAX_LENGTH,
+        json_schema_extra=rules(
+            rule(
+                f"self.matches(r'{DNS_SUBDOMAIN_PATTERN}')",
+                f"resourceClaimTemplate.name must be {OBJECT_NAME_WORDS}",
+            )
+        ),
+    ),
+]
+
 SERVER_COUNT_MAX = 1000
 
 # ---------------------------------------------------------------------------------------------
@@ -100,10 +132,8 @@ class ResourceClaimTemplateRef(CamelModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(
+    name: TemplateName | None = Field(
         default=None,
-        max_length=DNS_SUBDOMAIN_MAX_LENGTH,
-        pattern=DNS_SUBDOMAIN_PATTERN,
         description="Name of the generated ResourceClaimTemplate; defaults to the workload's name.",
     )
 
