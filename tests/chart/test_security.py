@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from neuron_dra.common.testing.realcluster import (
-    ADMIN,
     APISERVER,
     CONTROLLER_MANAGER,
     ETCD,
@@ -37,6 +36,7 @@ from .realchart import (
     RELEASE,
     ChartOnCluster,
     control_plane,
+    create,
     identity_pod,
     kubectl_as,
     minor_params,
@@ -115,7 +115,7 @@ def world(
         chart = ChartOnCluster(helm, cp)
         chart.install()
         for node in (NODE_A, NODE_B):
-            _admin_create(cp, tmp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+            create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
         for ns in ("team-a", "team-b"):
             cp.kubectl("create", "namespace", ns)
         cp.kubectl("create", "rolebinding", "alice-edit", "--clusterrole", "edit",
@@ -128,8 +128,8 @@ def world(
         _until_aggregated(cp)
         cp.kubectl("create", "clusterrolebinding", "bob-admin", "--clusterrole",
                    "cluster-admin", "--user", BOB.user)  # fmt: skip
-        _admin_create(cp, tmp, _slice(NODE_B))
-        _admin_create(cp, tmp, _ultraserver("us-x"))
+        create(cp, _slice(NODE_B))
+        create(cp, _ultraserver("us-x"))
         pod = identity_pod(cp, NODE_A, PLUGIN_SA, "plugin-on-node-a")
         yield World(
             chart=chart,
@@ -157,12 +157,6 @@ def _until_aggregated(cp: RealControlPlane, limit: float = 60.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"the edit role has no workload rules after {limit:.0f} s")
-
-
-def _admin_create(cp: RealControlPlane, tmp: Path, obj: dict[str, Any]) -> None:
-    path = tmp / f"admin-{obj['kind']}-{obj['metadata']['name']}.json"
-    path.write_text(json.dumps(obj))
-    cp.kubectl("create", "-f", str(path), identity=ADMIN)
 
 
 # --- can-i --list against the document ---------------------------------------------------------
