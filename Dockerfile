@@ -3,8 +3,9 @@
 # One image for both long-running processes of neuron-dra:
 #   neuron-dra-kubelet-plugin   (DaemonSet on Neuron nodes)
 #   neuron-dra-controller       (Deployment)
-# plus the `neuron-dra` tool (check-claim works in the image; `sim` and `fake-apiserver` need a
-# source checkout, see README.md).
+# Only the product distribution (common, controller, nodeplugin, proto). The `neuron-dra` tool
+# (sim, check-claim, fake-apiserver) is the separate `neuron-dra-sim` distribution in sim/,
+# run from a workstation: it is never shipped to nodes (docs/architecture.md).
 #
 # Build: hack/build-image [IMAGE] [TAG]   (or: docker build -t neuron-dra:dev .)
 #
@@ -68,7 +69,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels neuron-dra \
     && neuron-dra-kubelet-plugin --help >/dev/null \
     && neuron-dra-controller --help >/dev/null \
-    && neuron-dra --help >/dev/null
+    && ! python -c 'import neuron_dra.sim' 2>/dev/null
 
 # A fixed numeric uid so that `runAsNonRoot` can be verified by the kubelet.
 RUN groupadd --system --gid 65532 neuron-dra \

@@ -1,3 +1,3 @@
 """Shared pytest configuration: the fake API server fixtures are available everywhere."""
 
-pytest_plugins = ["neuron_dra.common.testing.fakeapi.pytest_plugin"]
+pytest_plugins = ["neuron_dra.sim.fakeapi.pytest_plugin"]

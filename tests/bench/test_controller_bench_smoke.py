@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neuron_dra.common.testing.worlds import require_built
+from neuron_dra.sim.worlds import require_built
 
 BENCH = Path(__file__).resolve().parents[2] / "hack" / "bench"
 

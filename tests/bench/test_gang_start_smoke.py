@@ -11,8 +11,8 @@ Off CI it skips when the Kubernetes components are not built (``hack/k8s/build -
 from __future__ import annotations
 
 import yaml
-from neuron_dra.common.testing.gangbench.__main__ import report
-from neuron_dra.common.testing.gangbench.harness import (
+from neuron_dra.sim.gangbench.__main__ import report
+from neuron_dra.sim.gangbench.harness import (
     PHASES,
     GangRun,
     Options,
@@ -20,7 +20,7 @@ from neuron_dra.common.testing.gangbench.harness import (
     report_table,
     run,
 )
-from neuron_dra.common.testing.worlds import require_built
+from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from neuron_dra.common.testing.peerbench.harness import Options, parse_sum_count, run
-from neuron_dra.common.testing.peerbench.stats import (
+from neuron_dra.sim.peerbench.harness import Options, parse_sum_count, run
+from neuron_dra.sim.peerbench.stats import (
     OURS,
     PEER,
     DriverFigures,
@@ -22,8 +22,8 @@ from neuron_dra.common.testing.peerbench.stats import (
     rows,
     targets_met,
 )
-from neuron_dra.common.testing.peerbuild import PeerUnavailable, peer_binary
-from neuron_dra.common.testing.worlds import require_built
+from neuron_dra.sim.peerbuild import PeerUnavailable, peer_binary
+from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"
 

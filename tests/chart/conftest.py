@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from neuron_dra.common.testing.kubebuild import helm_module
+from neuron_dra.sim.kubebuild import helm_module
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-dra-driver"

@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 import yaml
-from neuron_dra.common.testing.realcluster import (
+from neuron_dra.sim.realcluster import (
     ADMIN,
     COMPONENTS,
     Identity,
     RealControlPlane,
     bin_dir_for,
 )
-from neuron_dra.common.testing.worlds import require_built
+from neuron_dra.sim.worlds import require_built
 
 from .conftest import CHART, DEFAULT_NAMESPACE, DEFAULT_RELEASE, Helm, HelmError, Overrides
 
@@ -227,6 +227,6 @@ def user_identity(name: str, *groups: str) -> Identity:
 
 
 def minor_params() -> list[Any]:
-    from neuron_dra.common.testing.realcluster import enabled_minors
+    from neuron_dra.sim.realcluster import enabled_minors
 
     return [pytest.param(m, id=f"real-{m}") for m in enabled_minors()]

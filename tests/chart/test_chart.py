@@ -28,9 +28,9 @@ from neuron_dra.common import deviceclasses
 from neuron_dra.common.k8s import client as k8s
 from neuron_dra.common.k8s.client import ApiResource, KubeClient
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.controller import main as controller_main
 from neuron_dra.nodeplugin import main as plugin_main
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 from .api_usage import COMPONENTS, Use
 from .conftest import CHART, Helm, HelmError, Overrides, Release

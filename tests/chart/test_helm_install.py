@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from neuron_dra.common.testing.realcluster import APISERVER, ETCD
+from neuron_dra.sim.realcluster import APISERVER, ETCD
 
 from .conftest import Helm, Overrides
 from .realchart import (

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 from neuron_dra.common import constants as c
-from neuron_dra.common.testing.realcluster import RealControlPlane
-from neuron_dra.common.testing.simcluster.cluster import CONTROLLER, SimCluster
-from neuron_dra.common.testing.simcluster.topology import ultraservers
+from neuron_dra.sim.realcluster import RealControlPlane
+from neuron_dra.sim.simcluster.cluster import CONTROLLER, SimCluster
+from neuron_dra.sim.simcluster.topology import ultraservers
 
 from .conftest import Helm
 from .realchart import (

@@ -23,9 +23,9 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.common.k8s.client import KubeClient
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.controller.manager import ControllerManager, ManagerConfig
 from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 from .api_usage import CONTROLLER, KUBELET_PLUGIN, Use
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.common.testing.realcluster import (
+from neuron_dra.sim.realcluster import (
     APISERVER,
     CONTROLLER_MANAGER,
     ETCD,

@@ -13,24 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
-from neuron_dra.common.cli import main
-from neuron_dra.common.commands.check_claim import (
-    count_hint,
-    from_emulation,
-    node_facts,
-    prepare_problems,
-    split_by_node,
-)
 from neuron_dra.common.deviceclasses import (
     NEURON_CLASS_EXPRESSION,
     ULTRASERVER_CLASS_EXPRESSION,
     default_device_classes,
 )
-from neuron_dra.common.paths import repo_root
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.common.testing.allocation import AllocatedDevice, AllocationResult
-from neuron_dra.common.testing.fakeapi.builtin_validation import validate_builtin
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.nodeplugin.claims import ClaimError, plan_claim
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
@@ -39,6 +27,18 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.sim.allocation import AllocatedDevice, AllocationResult
+from neuron_dra.sim.cli import main
+from neuron_dra.sim.commands.check_claim import (
+    count_hint,
+    from_emulation,
+    node_facts,
+    prepare_problems,
+    split_by_node,
+)
+from neuron_dra.sim.fakeapi.builtin_validation import validate_builtin
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.paths import repo_root
 
 SPECS = repo_root() / "examples" / "specs"
 EXAMPLES = [

@@ -19,7 +19,7 @@ from neuron_dra.common.events import (
 )
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import FakeClock
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 NODE = "trn2-node-0"
 CLAIM = ObjectRef.resource_claim("team-a", "pod0-neurons", "c1a1m-uid")

@@ -11,14 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.common.testing.allocation import (
-    AllocationFailure,
-    AllocationResult,
-    CelError,
-    allocate,
-    compile_selector,
-    device_view,
-)
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -26,6 +18,14 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.sim.allocation import (
+    AllocationFailure,
+    AllocationResult,
+    CelError,
+    allocate,
+    compile_selector,
+    device_view,
+)
 
 DRIVER = "neuron.aws.com"
 G4 = "resource.aws.com/devicegroup4_id"

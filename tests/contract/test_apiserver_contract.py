@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
-from neuron_dra.common.testing.worlds import minor_of, real_control_plane, world_params
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.worlds import minor_of, real_control_plane, world_params
 
 T = 10  # per-call timeout, seconds
 GROUP, VERSION, NUSW = "neuron.aws.com", "v1beta1", "neuronultraserverworkloads"

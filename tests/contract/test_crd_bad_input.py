@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.common.testing.realcluster import ADMIN, RealControlPlane, enabled_minors
-from neuron_dra.common.testing.worlds import real_control_plane
+from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, enabled_minors
+from neuron_dra.sim.worlds import real_control_plane
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "crd-validation.md"
 NS = "crd-bad-input"

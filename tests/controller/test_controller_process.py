@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 
 async def test_console_script_leads_serves_and_stops(

@@ -27,8 +27,6 @@ from neuron_dra.common.k8s.client import (
     RESOURCE_SLICES,
     KubeClient,
 )
-from neuron_dra.common.testing.fakeapi.faults import RequestInfo
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.discovery import (
     ANNOTATION_ULTRASERVER_ID,
@@ -52,6 +50,8 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.sim.fakeapi.faults import RequestInfo
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 TRN2U = "trn2u.48xlarge"
 MODES = (UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1)

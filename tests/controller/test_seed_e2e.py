@@ -20,13 +20,13 @@ import pytest_asyncio
 from kubernetes_asyncio import client as k8s
 from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.common.k8s.client import KubeClient
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.ultraserver import node_reservations
 from neuron_dra.controller.manager import ControllerManager, ManagerConfig
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.publisher import PublisherMetrics, SlicePublisher
 from neuron_dra.nodeplugin.reservations import ReservationWatcher
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 
 STEP = 30.0

@@ -14,18 +14,18 @@ from neuron_dra.common.models.configs import (
     UltraServerConfig,
     decode_opaque_config,
 )
-from neuron_dra.common.testing.fakeapi.builtin_validation import (
-    apply_builtin_defaults,
-    compile_device_selector,
-    validate_builtin,
-    validate_object_meta,
-)
 from neuron_dra.common.ultraserver import workload_id
 from neuron_dra.controller.templates import (
     claim_template_for,
     node_selector_expression,
     template_matches,
     template_name,
+)
+from neuron_dra.sim.fakeapi.builtin_validation import (
+    apply_builtin_defaults,
+    compile_device_selector,
+    validate_builtin,
+    validate_object_meta,
 )
 
 WID = "my-training-job-1a2b3c4d"

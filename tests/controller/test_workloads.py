@@ -42,8 +42,6 @@ from neuron_dra.common.k8s.client import (
 from neuron_dra.common.k8s.errors import KubeError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.models.crds import NeuronUltraServer, NeuronUltraServerWorkload
-from neuron_dra.common.testing.fakeapi.faults import RequestInfo
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.ultraserver import node_reservations, workload_id
 from neuron_dra.controller.allocator import Unit
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
@@ -72,6 +70,8 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.slices import WHOLE_NODE, build_resource_slices
+from neuron_dra.sim.fakeapi.faults import RequestInfo
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 
 IT = "trn2u.48xlarge"

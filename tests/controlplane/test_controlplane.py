@@ -24,8 +24,10 @@ from typing import Any, TypeVar
 import pytest_asyncio
 from kubernetes_asyncio import client as k8s
 from neuron_dra.common.k8s.client import KubeClient
-from neuron_dra.common.testing.allocation import allocate
-from neuron_dra.common.testing.controlplane import (
+from neuron_dra.nodeplugin.kubeletapi.model import PreparedDevice
+from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
+from neuron_dra.sim.allocation import allocate
+from neuron_dra.sim.controlplane import (
     CDI_DEVICES_ANNOTATION,
     DELETE_PROTECTION_FINALIZER,
     POD_CLAIM_NAME_ANNOTATION,
@@ -33,11 +35,9 @@ from neuron_dra.common.testing.controlplane import (
     container_cdi_devices,
     ensure_device_classes,
 )
-from neuron_dra.common.testing.controlplane.claims import generate_name
-from neuron_dra.common.testing.controlplane.workloads import PodSet
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
-from neuron_dra.nodeplugin.kubeletapi.model import PreparedDevice
-from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
+from neuron_dra.sim.controlplane.claims import generate_name
+from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 DRIVER = "neuron.aws.com"
 G4 = "resource.aws.com/devicegroup4_id"

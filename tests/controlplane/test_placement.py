@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_dra.common.testing.controlplane.placement import (
+from neuron_dra.sim.controlplane.placement import (
     REASON_AFFINITY,
     REASON_ANTI_AFFINITY,
     REASON_NOT_READY,
@@ -14,7 +14,7 @@ from neuron_dra.common.testing.controlplane.placement import (
     PlacedPod,
     feasible_nodes,
 )
-from neuron_dra.common.testing.controlplane.workloads import exclusive_topology_affinity
+from neuron_dra.sim.controlplane.workloads import exclusive_topology_affinity
 
 US_LABEL = "neuron.amazonaws.com/ultraserver-server-id-4"
 

@@ -31,12 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from neuron_dra.common.commands.check_claim import (
-    ClaimReport,
-    Cluster,
-    check,
-    claim_docs,
-)
 from neuron_dra.common.constants import (
     DEVICE_CLASS_NEURON,
     DRIVER_NAME,
@@ -44,12 +38,18 @@ from neuron_dra.common.constants import (
     device_group_attribute,
 )
 from neuron_dra.common.deviceclasses import default_classes_by_name
-from neuron_dra.common.testing.allocation import (
+from neuron_dra.sim.allocation import (
     AllocationFailure,
     DeviceKey,
     allocate,
     compile_selector,
     device_view,
+)
+from neuron_dra.sim.commands.check_claim import (
+    ClaimReport,
+    Cluster,
+    check,
+    claim_docs,
 )
 
 FITS: Final = "fits"
@@ -401,7 +401,7 @@ def real_search_cost(case: Case) -> dict[str, float]:
     explores when nothing fits there: per request, the ordered choices of its count among
     the free matching devices (within one group after the first device, under a
     ``matchAttribute``), multiplied over the requests."""
-    from neuron_dra.common.testing.allocation.model import (
+    from neuron_dra.sim.allocation.model import (
         ClaimError,
         Matcher,
         gather_nodes,

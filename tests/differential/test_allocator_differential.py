@@ -1,5 +1,5 @@
 """Differential test of device allocation: the real kube-scheduler vs our structured allocator
-(``neuron_dra.common.testing.allocation``, what the simulated scheduler uses) vs
+(``neuron_dra.sim.allocation``, what the simulated scheduler uses) vs
 ``neuron-dra check-claim``.
 
 Random cases (:mod:`.cases`: 1-3 emulated Neuron nodes with the kubelet plugin's own
@@ -56,10 +56,10 @@ from neuron_dra.common.k8s.client import (
 )
 from neuron_dra.common.k8s.errors import AlreadyExistsError, InvalidError, NotFoundError
 from neuron_dra.common.k8s.reflector import Reflector
-from neuron_dra.common.testing.realcluster import ADMIN, RealControlPlane
-from neuron_dra.common.testing.simcluster.realworld import real_node_object
-from neuron_dra.common.testing.simcluster.topology import SimNode
-from neuron_dra.common.testing.worlds import minor_of, real_control_plane, world_params
+from neuron_dra.sim.realcluster import ADMIN, RealControlPlane
+from neuron_dra.sim.simcluster.realworld import real_node_object
+from neuron_dra.sim.simcluster.topology import SimNode
+from neuron_dra.sim.worlds import minor_of, real_control_plane, world_params
 
 from .cases import (
     CASE_LABEL,

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from neuron_dra.common import cli
 from neuron_dra.controller import main as controller_main
 from neuron_dra.nodeplugin import main as plugin_main
+from neuron_dra.sim import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -1,4 +1,4 @@
-"""End-to-end tests over the simulated cluster (``neuron_dra.common.testing.simcluster``).
+"""End-to-end tests over the simulated cluster (``neuron_dra.sim.simcluster``).
 
 Each test runs on the fake world and on the real control plane of every pinned minor
 (``world`` fixture; pytest ids ``fake`` / ``real-1.34`` ...). One cluster of the embedded
@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from neuron_dra.common import constants as c
-from neuron_dra.common.commands.sim_walkthrough import Walkthrough
-from neuron_dra.common.testing.simcluster import SimCluster, default_nodes
-from neuron_dra.common.testing.worlds import cluster_kwargs, world_params
+from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
+from neuron_dra.sim.simcluster import SimCluster, default_nodes
+from neuron_dra.sim.worlds import cluster_kwargs, world_params
 
 NS = "default"
 

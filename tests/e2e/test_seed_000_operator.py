@@ -13,12 +13,12 @@ import pytest
 import pytest_asyncio
 import yaml
 from neuron_dra.common import constants as c
-from neuron_dra.common.commands.sim_walkthrough import Walkthrough, workload_for_sim
-from neuron_dra.common.paths import repo_root
-from neuron_dra.common.testing.controlplane.workloads import PodSet
-from neuron_dra.common.testing.simcluster import SimCluster, ultraservers
-from neuron_dra.common.testing.simcluster.topology import node_dns_name
-from neuron_dra.common.testing.worlds import cluster_kwargs, own_control_plane
+from neuron_dra.sim.commands.sim_walkthrough import Walkthrough, workload_for_sim
+from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.paths import repo_root
+from neuron_dra.sim.simcluster import SimCluster, ultraservers
+from neuron_dra.sim.simcluster.topology import node_dns_name
+from neuron_dra.sim.worlds import cluster_kwargs, own_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from neuron_dra.common import constants as c
-from neuron_dra.common.commands.sim_walkthrough import Walkthrough
-from neuron_dra.common.testing.simcluster import SimCluster
-from neuron_dra.common.testing.simcluster.topology import node_dns_name
+from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
+from neuron_dra.sim.simcluster import SimCluster
+from neuron_dra.sim.simcluster.topology import node_dns_name
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

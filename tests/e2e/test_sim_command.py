@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from neuron_dra.common.testing.worlds import minor_of, require_built
+from neuron_dra.sim.worlds import minor_of, require_built
 
 
 def _console_script() -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from neuron_dra.common.testing.fakeapi.builtin_validation import (
+from neuron_dra.sim.fakeapi.builtin_validation import (
     apply_builtin_defaults,
     compile_device_selector,
     is_c_identifier,
@@ -21,7 +21,7 @@ from neuron_dra.common.testing.fakeapi.builtin_validation import (
     validate_builtin,
     validate_object_meta,
 )
-from neuron_dra.common.testing.fakeapi.errors import (
+from neuron_dra.sim.fakeapi.errors import (
     DUPLICATE,
     FORBIDDEN,
     INVALID,

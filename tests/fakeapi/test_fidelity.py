@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from neuron_dra.common.testing.fakeapi.errors import (
+from neuron_dra.sim.fakeapi.errors import (
     DUPLICATE,
     FORBIDDEN,
     INVALID,
@@ -22,7 +22,7 @@ from neuron_dra.common.testing.fakeapi.errors import (
     FieldError,
     invalid_status,
 )
-from neuron_dra.common.testing.fakeapi.schema import CRDSchema, SchemaError, validate_crd_manifest
+from neuron_dra.sim.fakeapi.schema import CRDSchema, SchemaError, validate_crd_manifest
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "neuron-dra-driver" / "crds"
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 G, V, NUSW, NUS = "neuron.aws.com", "v1beta1", "neuronultraserverworkloads", "neuronultraservers"
 

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
-from neuron_dra.common.testing.fakeapi.store import ApiError
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.store import ApiError
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.faults import RequestInfo
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.faults import RequestInfo
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 
 def cm(name: str) -> client.V1ConfigMap:

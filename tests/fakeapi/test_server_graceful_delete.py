@@ -17,14 +17,14 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.deletion import (
+from neuron_dra.sim.fakeapi.deletion import (
     DEFAULT_TERMINATION_GRACE_SECONDS,
     DeletePlan,
     plan_delete,
     pod_grace_period,
     removed_by_update,
 )
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 T = 10  # per-call and per-wait bound, seconds
 NOW = datetime(2025, 11, 11, 12, 0, 0, tzinfo=UTC)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 pytestmark = [
     pytest.mark.kubectl,

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.selectors import (
+from neuron_dra.sim.fakeapi.selectors import (
     SelectorError,
     field_matcher,
     label_matcher,
 )
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 
 def _obj(labels: dict[str, str]) -> dict[str, Any]:

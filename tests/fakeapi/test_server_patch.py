@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi import patch as patchlib
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi import patch as patchlib
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 MERGE = "application/merge-patch+json"
 JSONPATCH = "application/json-patch+json"

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiException
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,8 +25,8 @@ from neuron_dra.common.k8s.client import (
     connect,
     object_key,
 )
-from neuron_dra.common.testing.fakeapi.faults import RequestInfo
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.faults import RequestInfo
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 from .conftest import configmap, resource_slice
 

@@ -17,7 +17,7 @@ from neuron_dra.common.k8s.leaderelection import (
     format_microtime,
     parse_microtime,
 )
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 WAIT = 10.0
 NS = "default"

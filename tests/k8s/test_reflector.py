@@ -18,8 +18,8 @@ from neuron_dra.common.k8s.cache import Store
 from neuron_dra.common.k8s.client import CONFIG_MAPS, RESOURCE_SLICES, KubeClient
 from neuron_dra.common.k8s.clock import FakeClock
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
-from neuron_dra.common.testing.fakeapi.faults import RequestInfo
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.faults import RequestInfo
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 
 from .conftest import configmap, resource_slice

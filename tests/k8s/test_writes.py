@@ -18,7 +18,7 @@ from neuron_dra.common.k8s.writes import (
     remove_finalizer,
     update_with_retry,
 )
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 from .conftest import configmap
 

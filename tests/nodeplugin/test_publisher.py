@@ -36,8 +36,6 @@ from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.k8s.workqueue import ExponentialBackoff
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.common.testing.fakeapi.faults import RequestInfo
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -52,6 +50,8 @@ from neuron_dra.nodeplugin.publisher import (
     plan_slices,
 )
 from neuron_dra.nodeplugin.slices import build_resource_slices, slice_name
+from neuron_dra.sim.fakeapi.faults import RequestInfo
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"

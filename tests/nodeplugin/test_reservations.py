@@ -29,7 +29,6 @@ from neuron_dra.common.constants import (
 )
 from neuron_dra.common.k8s.client import KubeClient, object_key
 from neuron_dra.common.k8s.clock import InstantClock
-from neuron_dra.common.testing.fakeapi.server import FakeAPIServer
 from neuron_dra.common.ultraserver import Reservation, workload_id
 from neuron_dra.nodeplugin.cdi import CdiError, UltraServerPeers, spec_file_name
 from neuron_dra.nodeplugin.claims import ClaimPlan
@@ -46,6 +45,7 @@ from neuron_dra.nodeplugin.reservations import (
     node_address,
     workload_ids_for,
 )
+from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 
 NODE = "ip-10-0-0-2.us-west-2.compute.internal"

@@ -22,11 +22,6 @@ from neuron_dra.common.constants import (
     MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
 )
 from neuron_dra.common.profiles import PROFILES, connected_groups
-from neuron_dra.common.testing.fakeapi.builtin_validation import (
-    is_valid_label_value,
-    validate_builtin,
-    validate_object_meta,
-)
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -43,6 +38,11 @@ from neuron_dra.nodeplugin.slices import (
     slice_content_changed,
     slice_name,
     ultraserver_node_labels,
+)
+from neuron_dra.sim.fakeapi.builtin_validation import (
+    is_valid_label_value,
+    validate_builtin,
+    validate_object_meta,
 )
 
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.common.testing.realcluster import (
+from neuron_dra.sim.realcluster import (
     APISERVER,
     CONTROLLER_MANAGER,
     ETCD,
     SCHEDULER,
 )
-from neuron_dra.common.testing.soak.harness import (
+from neuron_dra.sim.soak.harness import (
     LEADER,
     PLUGIN,
     STANDBY,
@@ -25,7 +25,7 @@ from neuron_dra.common.testing.soak.harness import (
     Options,
     Soak,
 )
-from neuron_dra.common.testing.worlds import require_built
+from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"
 EVERY_KIND = (LEADER, STANDBY, PLUGIN, SCHEDULER, CONTROLLER_MANAGER, APISERVER, ETCD)

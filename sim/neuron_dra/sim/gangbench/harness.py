@@ -1,0 +1,388 @@
+"""The gang-start harness: a simulated cluster of UltraServers on a real control plane, and
+``--runs`` applies of a 4 x 4 workload timed phase by phase.
+
+Side effects live here (the control plane's processes, the cluster, ``kubectl``); the table
+is :func:`report_table`, pure over :class:`GangRun` figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from neuron_dra.common import constants as c
+from neuron_dra.sim.commands.sim_walkthrough import (
+    ENV_RANK,
+    ENV_RANK0,
+    Walkthrough,
+    workload_for_sim,
+)
+from neuron_dra.sim.controlplane.base import is_active
+from neuron_dra.sim.paths import chart_crd_dir, repo_root
+from neuron_dra.sim.peerbench.stats import percentile
+from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
+from neuron_dra.sim.simcluster import SimCluster, ultraservers
+from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE, node_dns_name
+
+T = TypeVar("T")
+JsonDict = dict[str, Any]
+NS = "default"
+RESOURCE_V1 = "resource.k8s.io/v1"
+TOPOLOGY_SIZE = 4
+SPECS = repo_root() / "examples" / "specs"
+#: The seed's Step 1 and Step 2 (seeds/000): the workload and the Deployment of its pods.
+WORKLOAD_SPEC = SPECS / "ultraserver-workload.yaml"
+DEPLOYMENT_SPEC = SPECS / "ultraserver-training-deployment.yaml"
+
+#: Phases in the order they happen, each timed from the start of ``kubectl apply``.
+PHASES: tuple[tuple[str, str], ...] = (
+    ("applied", "kubectl apply returned"),
+    ("template", "ResourceClaimTemplate created (controller)"),
+    ("allocated", "workload Allocated (controller)"),
+    ("tagged", "allocated nodes' slices tagged (kubelet plugins)"),
+    ("created", "every claim created (resourceclaim controller)"),
+    ("claims", "every claim allocated (kube-scheduler)"),
+    ("prepared", "every pod Prepared with its rank"),
+)
+
+
+class RankError(AssertionError):
+    """The pods were Prepared but their ranks are not the workload's."""
+
+
+@dataclass(frozen=True)
+class Options:
+    runs: int = 20
+    ultraservers: int = 6
+    server_count: int = 4
+    minor: str = "1.34"
+    #: Bound for each awaited condition (seconds).
+    limit: float = 120.0
+    workdir: Path | None = None
+    progress: bool = True
+    #: The seed's order: apply the workload, wait for its ResourceClaimTemplate, then apply
+    #: the Deployment (default: both in one ``kubectl apply -f``).
+    two_step: bool = False
+
+    @property
+    def pods(self) -> int:
+        return self.server_count * TOPOLOGY_SIZE
+
+
+@dataclass
+class GangRun:
+    index: int
+    #: Phase name (:data:`PHASES`) -> seconds after ``kubectl apply`` started.
+    phases: dict[str, float]
+    ultraservers: list[str]
+    #: ``kubectl delete`` started -> pods gone, claims unprepared, UltraServers Available.
+    release: float = 0.0
+
+
+@dataclass
+class GangResult:
+    options: Options
+    runs: list[GangRun]
+    kubernetes: str
+    kubectl: str
+    nodes: int
+    #: Seconds from the control plane being up to every slice and UltraServer published.
+    cluster_start: float
+    started: float
+    finished: float
+
+
+# --- manifests --------------------------------------------------------------------------------
+
+
+def manifests(name: str, server_count: int) -> list[JsonDict]:
+    """The seed's workload (``topologySize: 4``, ``serverCount``) and its Deployment of
+    ``4 x serverCount`` pods, renamed ``name`` / ``name-rct``: one ``kubectl apply -f``."""
+    workload = workload_for_sim(yaml.safe_load(WORKLOAD_SPEC.read_text()), ULTRASERVER_TYPE)
+    workload["metadata"] = {"name": name}
+    workload["spec"]["topologySize"] = TOPOLOGY_SIZE
+    workload["spec"]["serverCount"] = server_count
+    workload["spec"]["resourceClaimTemplate"]["name"] = f"{name}-rct"
+    deployment: JsonDict = copy.deepcopy(yaml.safe_load(DEPLOYMENT_SPEC.read_text()))
+    deployment["metadata"] = {"name": name}
+    spec = deployment["spec"]
+    spec["replicas"] = server_count * TOPOLOGY_SIZE
+    spec["selector"]["matchLabels"] = {"app": name}
+    spec["template"]["metadata"]["labels"] = {"app": name}
+    (claim,) = spec["template"]["spec"]["resourceClaims"]
+    claim["resourceClaimTemplateName"] = f"{name}-rct"
+    return [workload, deployment]
+
+
+# --- the table (pure) -------------------------------------------------------------------------
+
+
+def phase_seconds(runs: Sequence[GangRun], phase: str) -> list[float]:
+    return [r.phases[phase] for r in runs]
+
+
+def report_table(runs: Sequence[GangRun]) -> str:
+    """Markdown: each phase since the apply (p50/p90/max over the runs) and the step from
+    the phase before it (p50)."""
+    lines = [
+        f"| phase (seconds after `kubectl apply` started), n={len(runs)} | p50 | p90 | max "
+        "| step p50 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    previous: str | None = None
+    for phase, label in PHASES:
+        values = phase_seconds(runs, phase)
+        steps = [r.phases[phase] - (r.phases[previous] if previous else 0.0) for r in runs]
+        lines.append(
+            f"| {label} | {percentile(values, 50):.2f} | {percentile(values, 90):.2f} "
+            f"| {max(values):.2f} | {percentile(steps, 50):.2f} |"
+        )
+        previous = phase
+    release = [r.release for r in runs]
+    lines.append(
+        f"| (after) `kubectl delete` → UltraServers free again | {percentile(release, 50):.2f} "
+        f"| {percentile(release, 90):.2f} | {max(release):.2f} | |"
+    )
+    return "\n".join(lines)
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+
+def check_ranks(
+    walk: Walkthrough, pods: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
+) -> None:
+    """What the e2e tests check of seeds/000, at 4 x ``serverCount``: ranks 0..n-1, one pod
+    per allocated node, every rank told rank 0's address, 4 consecutive ranks per
+    UltraServer, only the workload's UltraServers used."""
+    sim = walk.sim
+    ranks: dict[int, str] = {}
+    hosts: set[str] = set()
+    for pod in pods:
+        view = walk.view(pod)
+        if ENV_RANK not in view.env or ENV_RANK0 not in view.env:
+            raise RankError(f"pod {view.name} on {view.node}: no rank in {sorted(view.env)}")
+        ranks[int(view.env[ENV_RANK])] = view.node
+        hosts.add(view.env[ENV_RANK0])
+    n = len(pods)
+    if sorted(ranks) != list(range(n)):
+        raise RankError(f"ranks {sorted(ranks)}, expected 0..{n - 1}")
+    if len(set(ranks.values())) != n:
+        raise RankError(f"two pods on one node: {ranks}")
+    if hosts != {node_dns_name(ranks[0])}:
+        raise RankError(f"rank-0 hosts {sorted(hosts)}, expected {node_dns_name(ranks[0])}")
+    us_of = {node.name: node.ultraserver_id for node in sim.nodes}
+    allocated = set((workload.get("status") or {}).get("allocatedUltraServers") or [])
+    for first in range(0, n, TOPOLOGY_SIZE):
+        unit = {us_of[ranks[r]] for r in range(first, first + TOPOLOGY_SIZE)}
+        if len(unit) != 1 or not unit <= allocated:
+            raise RankError(f"ranks {first}..{first + 3} on UltraServers {unit} ({allocated})")
+
+
+def _tagged(sim: SimCluster) -> bool:
+    return any(
+        (d.get("attributes") or {}).get(c.ATTR_WORKLOAD_ID, {}).get("string")
+        for s in sim.slices()
+        for d in s["spec"].get("devices") or []
+    )
+
+
+def free(sim: SimCluster) -> bool:
+    """Nothing of a run left: no pods, claims or workloads, every claim unprepared (CDI
+    directories empty), every UltraServer Available and no slice tagged for a workload."""
+    states = {(u.get("status") or {}).get("state") for u in sim.ultraservers()}
+    return (
+        sim.idle(NS)
+        and not sim.view.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS)
+        and not sim.view.list(RESOURCE_V1, "ResourceClaimTemplate", NS)
+        and states == {"Available"}
+        and not _tagged(sim)
+    )
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+def _progress(opts: Options, text: str) -> None:
+    if opts.progress:
+        print(f"[gang-start] {text}", file=sys.stderr, flush=True)
+
+
+async def kubectl(cp: RealControlPlane, *args: str) -> str:
+    """The real kubectl of the control plane's minor, without blocking the event loop (the
+    plugins, kubelets and controller share it)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(cp.bin_dir / "kubectl"),
+        "--kubeconfig",
+        str(cp.kubeconfig(ADMIN)),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {err.decode().strip()}")
+    return out.decode()
+
+
+async def _timed(start: float, aw: Awaitable[T]) -> float:
+    await aw
+    return time.monotonic() - start
+
+
+async def one_run(
+    sim: SimCluster, cp: RealControlPlane, opts: Options, index: int, files: Path
+) -> GangRun:
+    name = f"gang-{index}"
+    path = files / f"{name}.yaml"
+    docs = manifests(name, opts.server_count)
+    path.write_text(yaml.safe_dump_all(docs))
+    steps = [path]
+    if opts.two_step:
+        steps = [files / f"{name}-workload.yaml", files / f"{name}-deployment.yaml"]
+        for step, doc in zip(steps, docs, strict=True):
+            step.write_text(yaml.safe_dump(doc))
+    n = opts.pods
+
+    def state() -> bool:
+        w = sim.workload(name, NS)
+        return bool(w and (w.get("status") or {}).get("state") == "Allocated")
+
+    def template() -> bool:
+        return sim.view.get(RESOURCE_V1, "ResourceClaimTemplate", f"{name}-rct", NS) is not None
+
+    def tagged() -> bool:
+        w = sim.workload(name, NS)
+        wid = (w.get("status") or {}).get("workloadId") if w else None
+        if not wid or not state():
+            return False
+        nodes = {
+            s["spec"]["nodeName"]
+            for s in sim.slices()
+            for d in s["spec"].get("devices") or []
+            if (d.get("attributes") or {}).get(c.ATTR_WORKLOAD_ID, {}).get("string") == wid
+        }
+        return len(nodes) >= n
+
+    def created() -> bool:
+        return len(sim.claims(NS)) >= n
+
+    def claims() -> bool:
+        done = [x for x in sim.claims(NS) if (x.get("status") or {}).get("allocation")]
+        return len(done) >= n
+
+    def prepared() -> list[JsonDict] | None:
+        pods = [p for p in sim.pods(NS, f"app={name}") if is_active(p)]
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return running if len(running) == n else None
+
+    waits: dict[str, Callable[[], object]] = {
+        "template": template,
+        "allocated": state,
+        "tagged": tagged,
+        "created": created,
+        "claims": claims,
+        "prepared": prepared,
+    }
+    start = time.monotonic()
+    tasks = {
+        phase: asyncio.ensure_future(
+            _timed(start, sim.wait_until(pred, f"{name}: {phase}", opts.limit))
+        )
+        for phase, pred in waits.items()
+    }
+    try:
+        await kubectl(cp, "apply", "-f", str(steps[0]))
+        phases = {"applied": time.monotonic() - start}
+        if len(steps) > 1:
+            await tasks["template"]
+            await kubectl(cp, "apply", "-f", str(steps[1]))
+        for phase, task in tasks.items():
+            phases[phase] = await task
+    finally:
+        for task in tasks.values():
+            task.cancel()
+    pods = prepared()
+    workload = sim.workload(name, NS)
+    assert pods is not None and workload is not None
+    check_ranks(Walkthrough(sim, io.StringIO()), pods, workload)
+    used = sorted((workload.get("status") or {}).get("allocatedUltraServers") or [])
+
+    start = time.monotonic()
+    await kubectl(cp, "delete", "--wait=false", "-f", str(path))
+    await sim.wait_until(lambda: free(sim), f"{name}: UltraServers free", opts.limit)
+    return GangRun(index, phases, used, release=time.monotonic() - start)
+
+
+async def measure(opts: Options, cp: RealControlPlane, workdir: Path) -> GangResult:
+    nodes = ultraservers(opts.ultraservers)
+    begun = time.monotonic()
+    files = workdir / "manifests"
+    files.mkdir(parents=True, exist_ok=True)
+    (workdir / "sim").mkdir(exist_ok=True)
+    async with SimCluster(
+        nodes,
+        kubernetes="real",
+        control_plane=cp,
+        minor=opts.minor,
+        limit=opts.limit,
+        workdir=workdir / "sim",
+    ) as sim:
+        cluster_start = time.monotonic() - begun
+        _progress(opts, f"{len(nodes)} nodes up in {cluster_start:.1f} s")
+        # kubectl's discovery cache is filled once here, not on the first measured apply.
+        await kubectl(cp, "api-resources", "-o", "name")
+        runs: list[GangRun] = []
+        for index in range(opts.runs):
+            run = await one_run(sim, cp, opts, index, files)
+            runs.append(run)
+            _progress(
+                opts,
+                f"run {index + 1}/{opts.runs}: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in run.phases.items())
+                + f"; released in {run.release:.2f} s",
+            )
+    return GangResult(opts, runs, "", "", len(nodes), cluster_start, 0.0, 0.0)
+
+
+def run(opts: Options) -> GangResult:
+    """Start a control plane (from the main thread, before any event loop: its children die
+    with the thread that forked them), run the cluster and the runs on it, stop everything."""
+    if opts.server_count > opts.ultraservers:
+        raise ValueError(f"{opts.server_count} UltraServers wanted, {opts.ultraservers} exist")
+    own = opts.workdir is None
+    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="ndra-gang-", dir="/tmp"))
+    cp = RealControlPlane(
+        bin_dir_for(opts.minor),
+        opts.minor,
+        workdir=workdir / "k8s",
+        crd_paths=sorted(chart_crd_dir().glob("*.yaml")),
+    )
+    started = time.time()
+    ok = False
+    try:
+        cp.start()
+        versions = json.loads(cp.kubectl("version", "-o", "json"))
+        result = asyncio.run(measure(opts, cp, workdir))
+        result.kubernetes = str((versions.get("serverVersion") or {}).get("gitVersion") or "?")
+        result.kubectl = str((versions.get("clientVersion") or {}).get("gitVersion") or "?")
+        result.started, result.finished = started, time.time()
+        ok = True
+        return result
+    finally:
+        cp.stop()
+        if own and ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif not ok:
+            _progress(opts, f"failed: logs kept in {workdir}")

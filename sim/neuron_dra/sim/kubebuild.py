@@ -1,0 +1,251 @@
+"""Build the real Kubernetes components from the Go modules pinned under ``hack/k8s``.
+
+Standard library only: ``hack/k8s/build`` runs this before any virtualenv exists, and the
+real-cluster launcher imports it to find the binaries the build left.
+
+Layout: ``hack/k8s/v<minor>/go.mod`` pins ``k8s.io/kubernetes`` at a release (with each
+staging module replaced by its ``v0.<minor>.<patch>`` tag and etcd's server module), and
+``hack/k8s/helm/go.mod`` pins helm. Each module is built into a cache directory keyed by
+its version and the hash of its ``go.sum``, so a change of pin builds anew and an
+unchanged pin is reused:
+
+    $NEURON_DRA_K8S_CACHE (default ~/.cache/neuron-dra/k8s)/<version>-<go.sum hash>/bin
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "NEURON_DRA_K8S_CACHE"
+HACK_DIR_ENV = "NEURON_DRA_K8S_HACK_DIR"
+KUBE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# The minor the seeds target; CI always runs it.
+BASE_MINOR = "1.34"
+
+
+class BuildError(RuntimeError):
+    """A component failed to build; the message carries the go command's output."""
+
+
+@dataclass(frozen=True)
+class Module:
+    """One pinned Go module under hack/k8s and where its build is cached."""
+
+    directory: Path
+    name: str  # "1.34", "1.37" or "helm"
+    version: str  # the pinned release: v1.34.12, v3.19.5
+    go_sum_hash: str
+
+    @property
+    def bin_dir(self) -> Path:
+        return cache_root() / f"{self.version}-{self.go_sum_hash}" / "bin"
+
+    @property
+    def binaries(self) -> tuple[str, ...]:
+        if self.name == "helm":
+            return ("helm",)
+        return (*KUBE_COMPONENTS, "etcd")
+
+    def built(self) -> bool:
+        return all((self.bin_dir / b).is_file() for b in self.binaries)
+
+
+def repo_root() -> Path:
+    # sim/neuron_dra/sim/kubebuild.py -> the checkout's root
+    return Path(__file__).resolve().parents[3]
+
+
+def hack_dir() -> Path:
+    return Path(os.environ.get(HACK_DIR_ENV) or repo_root() / "hack" / "k8s")
+
+
+def cache_root() -> Path:
+    default = Path.home() / ".cache" / "neuron-dra" / "k8s"
+    return Path(os.environ.get(CACHE_ENV) or default)
+
+
+def _required_version(go_mod: str, module: str) -> str:
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod, re.MULTILINE)
+    if not match:
+        raise BuildError(f"{module} is not required in go.mod")
+    return match.group(1)
+
+
+def load_module(directory: Path) -> Module:
+    go_mod = (directory / "go.mod").read_text()
+    go_sum = (directory / "go.sum").read_bytes()
+    digest = hashlib.sha256(go_mod.encode() + b"\0" + go_sum).hexdigest()[:12]
+    if directory.name == "helm":
+        return Module(directory, "helm", _required_version(go_mod, "helm.sh/helm/v3"), digest)
+    version = _required_version(go_mod, "k8s.io/kubernetes")
+    return Module(directory, directory.name.removeprefix("v"), version, digest)
+
+
+def kube_modules() -> list[Module]:
+    """The pinned Kubernetes minors, oldest first."""
+    dirs = [d for d in hack_dir().glob("v1.*") if (d / "go.mod").is_file()]
+    mods = [load_module(d) for d in dirs]
+    return sorted(mods, key=lambda m: tuple(int(p) for p in m.name.split(".")))
+
+
+def kube_module(minor: str) -> Module:
+    for mod in kube_modules():
+        if mod.name == minor:
+            return mod
+    known = ", ".join(m.name for m in kube_modules())
+    raise BuildError(f"no pinned Kubernetes {minor} under {hack_dir()} (pinned: {known})")
+
+
+def newest_minor() -> str:
+    return kube_modules()[-1].name
+
+
+def helm_module() -> Module:
+    return load_module(hack_dir() / "helm")
+
+
+def _kube_ldflags(version: str, build_date: str) -> str:
+    major, minor = version.removeprefix("v").split(".")[:2]
+    stamps = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": build_date,
+    }
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.{name}={value}" for name, value in stamps.items()]
+    return " ".join(flags)
+
+
+def _helm_ldflags(version: str, kube_minor: str) -> str:
+    major, minor = kube_minor.split(".")
+    flags = [
+        "-s",
+        "-w",
+        f"-X helm.sh/helm/v3/internal/version.version={version}",
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+    ]
+    for package in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags += [f"-X {package}.k8sVersionMajor={major}", f"-X {package}.k8sVersionMinor={minor}"]
+    return " ".join(flags)
+
+
+def _package_of(binary: str) -> str:
+    if binary == "etcd":
+        return "go.etcd.io/etcd/server/v3"
+    if binary == "helm":
+        return "helm.sh/helm/v3/cmd/helm"
+    return f"k8s.io/kubernetes/cmd/{binary}"
+
+
+def _log(message: str) -> None:
+    print(f"[hack/k8s] {message}", file=sys.stderr, flush=True)
+
+
+def build(mod: Module, *, force: bool = False) -> Path:
+    """Build every binary of ``mod`` into its cache directory (reused when complete)."""
+    if mod.built() and not force:
+        _log(f"{mod.name} {mod.version}: cached in {mod.bin_dir}")
+        return mod.bin_dir
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("no Go toolchain on PATH: install Go >= 1.25 to build the components")
+    staging = mod.bin_dir.with_name(mod.bin_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    build_date = "1970-01-01T00:00:00Z"  # reproducible: the pin, not the clock, names a build
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    _log(f"{mod.name} {mod.version}: downloading modules")
+    _run([go, "mod", "download"], mod.directory, env)
+    for binary in mod.binaries:
+        if mod.name == "helm":
+            ldflags = _helm_ldflags(mod.version, BASE_MINOR)
+        else:
+            ldflags = _kube_ldflags(mod.version, build_date)
+        started = time.monotonic()
+        _log(f"{mod.name} {mod.version}: building {binary}")
+        cmd = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary)]
+        _run([*cmd, _package_of(binary)], mod.directory, env)
+        _log(f"{mod.name} {mod.version}: {binary} built in {time.monotonic() - started:.0f} s")
+    shutil.rmtree(mod.bin_dir, ignore_errors=True)
+    staging.rename(mod.bin_dir)
+    return mod.bin_dir
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BuildError(
+            f"{' '.join(cmd[:2])} failed in {cwd} (exit {proc.returncode}):\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
+
+
+def _selected(version: str) -> list[Module]:
+    if version == "all":
+        return [*kube_modules(), helm_module()]
+    if version == "newest":
+        return [kube_module(newest_minor())]
+    if version == "helm":
+        return [helm_module()]
+    match = re.match(r"v?(\d+\.\d+)", version)
+    if not match:
+        raise BuildError(f"--version {version!r}: give a minor such as 1.34, 'newest' or 'all'")
+    return [kube_module(match.group(1))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hack/k8s/build",
+        description="Build the real Kubernetes components (and helm) from the pinned Go "
+        "modules into a cache keyed by version and go.sum hash; reuse it when present.",
+    )
+    parser.add_argument(
+        "--version",
+        default="all",
+        help="a pinned minor (1.34, 1.37), 'newest', 'helm' or 'all' (default)",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument(
+        "--optional",
+        action="store_true",
+        help="without a Go toolchain, say so in one line and exit 0 (the real test tier then "
+        "skips); with CI=true a missing toolchain still fails",
+    )
+    parser.add_argument(
+        "--print-bin-dir", action="store_true", help="print each built bin directory on stdout"
+    )
+    args = parser.parse_args(argv)
+    on_ci = os.environ.get("CI", "").lower() == "true"
+    if args.optional and not on_ci and shutil.which("go") is None:
+        _log(
+            "no Go toolchain: the real Kubernetes tier will skip. Install Go >= 1.25 and run "
+            "hack/k8s/build to enable it."
+        )
+        return 0
+    try:
+        for mod in _selected(args.version):
+            started = time.monotonic()
+            bin_dir = build(mod, force=args.force)
+            _log(f"{mod.name} {mod.version}: ready in {time.monotonic() - started:.0f} s")
+            if args.print_bin_dir:
+                print(bin_dir)
+    except BuildError as err:
+        _log(f"BUILD FAILED: {err}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
