@@ -1,0 +1,214 @@
+"""docs/architecture.md's import rules hold for every module of every room.
+
+The rules are read from the doc's ``import-rules`` table, so the doc and the code cannot drift
+apart: a new import that breaks a rule fails here, and so does a rule nobody can satisfy. Every
+``import``/``from`` statement counts, including those inside functions (a lazy import is still
+a dependency), and so does any string that names a module of a forbidden room (an
+``importlib.import_module("neuron_dra.sim...")`` would otherwise dodge the check).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "architecture.md"
+# The top-level folder of each room; the package inside is neuron_dra.<room>.
+ROOMS = ("proto", "common", "controller", "nodeplugin", "sim")
+PRODUCT_ROOMS = ("proto", "common", "controller", "nodeplugin")
+GENERATED = re.compile(r"_pb2(_grpc)?\.pyi?$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str  # a package or module, e.g. neuron_dra.sim.fakeapi
+    allowed: frozenset[str]  # rooms/packages of neuron_dra it may import, besides itself
+    stdlib_only: bool
+
+
+def read_rules(text: str) -> list[Rule]:
+    block = re.search(r"<!-- import-rules -->(.*?)<!-- /import-rules -->", text, re.S)
+    assert block, "docs/architecture.md lost its <!-- import-rules --> table"
+    rules = []
+    for line in block.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        codes = re.findall(r"`([\w.]+)`", cells[0])
+        allowed = frozenset("neuron_dra." + m for m in re.findall(r"`([\w.]+)`", cells[1]))
+        stdlib_only = "only the standard library" in cells[1]
+        # A row's modules may import each other (the build modules share code).
+        own_row = frozenset(codes)
+        rules.extend(Rule(code, allowed | own_row, stdlib_only) for code in codes)
+    assert rules, "the import-rules table has no rows"
+    return rules
+
+
+def module_name(path: Path) -> str:
+    room_dir = path.relative_to(ROOT).parts[0]
+    parts = list(path.relative_to(ROOT / room_dir).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> list[Path]:
+    return [
+        path
+        for room in ROOMS
+        for path in sorted((ROOT / room / "neuron_dra").rglob("*.py"))
+        if not GENERATED.search(path.name)
+    ]
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def rule_for(module: str, rules: list[Rule]) -> Rule:
+    matching = [r for r in rules if _within(module, r.code)]
+    assert matching, f"{module}: no row of the import-rules table covers it"
+    return max(matching, key=lambda r: len(r.code))
+
+
+def imported_names(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the tree, relative ones resolved."""
+    package = module.rsplit(".", 1)[0]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            # `from neuron_dra.sim import paths` depends on neuron_dra.sim.paths (a submodule
+            # or a name in the package: either way, what the rule is about).
+            out.extend(
+                (node.lineno, name if a.name == "*" else f"{name}.{a.name}") for a in node.names
+            )
+    return out
+
+
+def module_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    return [
+        (node.lineno, m)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for m in re.findall(r"\bneuron_dra(?:\.\w+)+", node.value)
+    ]
+
+
+def violations(path: Path, rules: list[Rule]) -> list[str]:
+    module = module_name(path)
+    rule = rule_for(module, rules)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    where = path.relative_to(ROOT)
+    out = []
+    for line, name in imported_names(tree, module):
+        top = name.split(".")[0]
+        if top == "neuron_dra":
+            if name == "neuron_dra" or _within(name, rule.code):
+                continue
+            if not any(_within(name, allowed) for allowed in rule.allowed):
+                out.append(f"{where}:{line}: imports {name} (rule for {rule.code})")
+        elif rule.stdlib_only and top not in sys.stdlib_module_names and top != "__future__":
+            out.append(f"{where}:{line}: imports {name}, not the standard library")
+    for line, name in module_strings(tree):
+        if any(_within(name, f"neuron_dra.{room}") for room in ROOMS) and not (
+            _within(name, rule.code) or any(_within(name, a) for a in rule.allowed)
+        ):
+            out.append(f"{where}:{line}: names {name} in a string (rule for {rule.code})")
+    return out
+
+
+RULES = read_rules(DOC.read_text(encoding="utf-8"))
+
+
+def test_every_module_keeps_the_import_rules() -> None:
+    modules = package_modules()
+    assert len(modules) > 100, "the walk found too few modules; is ROOT right?"
+    problems = [v for path in modules for v in violations(path, RULES)]
+    assert not problems, "imports that break docs/architecture.md's rules:\n" + "\n".join(problems)
+
+
+def test_product_rooms_never_name_the_simulation() -> None:
+    # The table's most important row, stated on its own so that a loosened table cannot
+    # silently allow it: no product module may depend on neuron_dra.sim.
+    for room in PRODUCT_ROOMS:
+        rule = rule_for(f"neuron_dra.{room}", RULES)
+        assert not any(_within(a, "neuron_dra.sim") for a in rule.allowed), rule
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "expected"),
+    [
+        ("from neuron_dra.sim.fakeapi.server import FakeAPIServer", "neuron_dra.common.x", 1),
+        ("def f():\n    import neuron_dra.sim\n", "neuron_dra.controller.y", 1),
+        ("from neuron_dra import sim\n", "neuron_dra.nodeplugin.z", 1),
+        ("M = 'neuron_dra.sim.cli'\n", "neuron_dra.common.x", 1),
+        ("from ..controller import manager\n", "neuron_dra.nodeplugin.z", 1),
+        ("from .store import Store\n", "neuron_dra.sim.fakeapi.server", 0),
+        ("from neuron_dra.controller import manager\n", "neuron_dra.sim.fakeapi.server", 1),
+        ("from neuron_dra.common import names\n", "neuron_dra.controller.y", 0),
+        ("import yaml\n", "neuron_dra.sim.kubebuild", 1),
+        ("import hashlib, subprocess\n", "neuron_dra.sim.kubebuild", 0),
+    ],
+)
+def test_the_check_can_fail(tmp_path: Path, source: str, module: str, expected: int) -> None:
+    """The checker finds each kind of forbidden import (and allows the allowed ones)."""
+    room, *rest = module.split(".")[1:]
+    path = ROOT / room / "neuron_dra" / room / Path(*rest).with_suffix(".py")
+    tree = ast.parse(source)
+    rule = rule_for(module, RULES)
+    found = [
+        name
+        for _, name in imported_names(tree, module) + module_strings(tree)
+        if (
+            name.startswith("neuron_dra.")
+            and not _within(name, rule.code)
+            and not any(_within(name, a) for a in rule.allowed)
+        )
+        or (
+            rule.stdlib_only
+            and not name.startswith("neuron_dra")
+            and name.split(".")[0] not in sys.stdlib_module_names
+        )
+    ]
+    assert len(found) == expected, (path, found)
+
+
+def test_build_modules_import_without_a_virtualenv() -> None:
+    """hack/k8s/build and hack/bench/build-peer put sim/ on sys.path and import these with a
+    bare python3 before any virtualenv exists: an isolated interpreter (no site-packages) must
+    import them."""
+    stdlib_only = [r.code for r in RULES if r.stdlib_only]
+    present = [
+        m for m in stdlib_only if (ROOT / "sim" / Path(*m.split("."))).with_suffix(".py").exists()
+    ]
+    assert "neuron_dra.sim.kubebuild" in present
+    code = f"import sys; sys.path.insert(0, {str(ROOT / 'sim')!r}); " + "; ".join(
+        f"import {m}" for m in present
+    )
+    subprocess.run([sys.executable, "-I", "-S", "-c", code], check=True, timeout=60)
+
+
+def test_the_product_wheel_leaves_the_simulation_out() -> None:
+    product = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    included = product["tool"]["hatch"]["build"]["targets"]["wheel"]["only-include"]
+    assert sorted(included) == sorted(f"{room}/neuron_dra" for room in PRODUCT_ROOMS)
+    assert "neuron-dra" not in product["project"]["scripts"]
+    sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text(encoding="utf-8"))
+    assert sim["project"]["scripts"]["neuron-dra"] == "neuron_dra.sim.cli:main"
+    assert sim["project"]["dependencies"] == [f"neuron-dra=={product['project']['version']}"]
