@@ -23,10 +23,10 @@ from neuron_dra.controller.templates import (
 )
 from neuron_dra.sim.fakeapi.builtin_validation import (
     apply_builtin_defaults,
-    compile_device_selector,
     validate_builtin,
     validate_object_meta,
 )
+from neuron_dra.sim.fakeapi.device_selectors import compile_device_selector
 
 WID = "my-training-job-1a2b3c4d"
 
