@@ -12,12 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from neuron_dra.sim.fakeapi.errors import (
     DUPLICATE,
-    FORBIDDEN,
     INVALID,
     NOT_SUPPORTED,
     REQUIRED,
     TOO_LONG,
-    TOO_MANY,
     TYPE_INVALID,
     FieldError,
     invalid_status,
@@ -90,20 +88,12 @@ WORKLOAD_SCHEMA: dict[str, Any] = {
                 },
                 "labels": {
                     "type": "object",
-                    "maxProperties": 2,
                     "additionalProperties": {"type": "string", "maxLength": 5},
                 },
-                "window": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
                 "name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
                 "startedAt": {"type": "string", "format": "date-time"},
-                "port": {"x-kubernetes-int-or-string": True},
                 "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
                 "note": {"type": "string", "nullable": True},
-                "template": {
-                    "type": "object",
-                    "x-kubernetes-embedded-resource": True,
-                    "x-kubernetes-preserve-unknown-fields": True,
-                },
             },
         },
         "status": {"type": "object", "properties": {"state": {"type": "string"}}},
@@ -207,13 +197,6 @@ def test_prune_drops_unknown_fields_and_reports_paths(schema: CRDSchema) -> None
     assert "topLevel" not in obj
 
 
-def test_prune_keeps_embedded_resource_type_meta(schema: CRDSchema) -> None:
-    tpl = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"x": 1}}
-    obj = workload(template=copy.deepcopy(tpl))
-    assert schema.prune(obj) == []
-    assert obj["spec"]["template"] == tpl
-
-
 # ------------------------------------------------------------------------------------------
 # Value validation
 
@@ -224,12 +207,9 @@ def test_valid_object_has_no_errors(schema: CRDSchema) -> None:
         topology=[{"nodeId": 0, "nodeName": "n0"}, {"nodeId": 3}],
         tags=["a", "b"],
         labels={"x": "y"},
-        window=0.5,
         name="abc",
         startedAt="2024-05-01T10:00:00Z",
-        port="http",
         note=None,
-        template={"apiVersion": "v1", "kind": "Pod"},
     )
     schema.apply_defaults(obj)
     assert schema.validate(obj) == []
@@ -269,10 +249,6 @@ def test_valid_object_has_no_errors(schema: CRDSchema) -> None:
             "equal to 10",
         ),
         (
-            {"window": 0},
-            "spec.window: Invalid value: 0: spec.window in body should be greater than 0",
-        ),
-        (
             {"instanceType": ""},
             'spec.instanceType: Invalid value: "": spec.instanceType in body should be at least 1 '
             "chars long",
@@ -293,24 +269,11 @@ def test_valid_object_has_no_errors(schema: CRDSchema) -> None:
         ({"tags": ["a", "b", "a"]}, 'spec.tags[2]: Duplicate value: "a"'),
         ({"labels": {"k": "toolong"}}, "spec.labels[k]: Too long: may not be more than 5 bytes"),
         (
-            {"labels": {"a": "1", "b": "2", "c": "3"}},
-            "spec.labels: Too many: 3: must have at most 2 items",
-        ),
-        (
             {"startedAt": "yesterday"},
             'spec.startedAt: Invalid value: "yesterday": spec.startedAt in body must be of type '
             'date-time: "yesterday"',
         ),
-        (
-            {"port": 1.5},
-            'spec.port: Invalid value: "number": spec.port in body must be of type '
-            'integer-or-string: "number"',
-        ),
         ({"topology": [{"nodeName": "x"}]}, "spec.topology[0].nodeId: Required value"),
-        (
-            {"template": {"kind": "Pod"}},
-            "spec.template.apiVersion: Required value: must not be empty",
-        ),
         (
             {"topologySize": 3},
             'spec.topologySize: Invalid value: "integer": topologySize must be 1, 2 or 4',
@@ -328,7 +291,7 @@ def test_error_reasons(schema: CRDSchema) -> None:
         allocationPolicy={"failureStrategy": "x"},
         name="toolongname",
         tags=["a", "a"],
-        labels={"a": "1", "b": "2", "c": "3"},
+        labels={"a": "123456"},
     )
     del obj["spec"]["instanceType"]
     reasons = {e.field: e.reason for e in schema.validate(obj)}
@@ -338,7 +301,7 @@ def test_error_reasons(schema: CRDSchema) -> None:
         "spec.allocationPolicy.failureStrategy": NOT_SUPPORTED,
         "spec.name": TOO_LONG,
         "spec.tags[1]": DUPLICATE,
-        "spec.labels": TOO_MANY,
+        "spec.labels[a]": TOO_LONG,
     }
 
 
@@ -363,32 +326,25 @@ def test_errors_feed_invalid_status(schema: CRDSchema) -> None:
     )
 
 
-def test_all_of_any_of_one_of_not() -> None:
-    s = CRDSchema.from_openapi(
-        {
-            "type": "object",
-            "properties": {
-                "spec": {
-                    "type": "object",
-                    "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
-                    "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
-                    "not": {"required": ["c"]},
-                    "x-kubernetes-preserve-unknown-fields": True,
-                },
-                "size": {
-                    "x-kubernetes-int-or-string": True,
-                    "anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^[0-9]+%$"}],
-                },
-            },
-        }
-    )
-    assert s.validate({"spec": {"a": "x"}, "size": 3}) == []
-    assert s.validate({"spec": {"b": "x"}, "size": "50%"}) == []
-    assert full(s.validate({"spec": {"a": "x", "b": "y"}})) == [
-        "spec: Invalid value: {...}: spec in body must validate one and only one schema (oneOf)"
-    ]
-    assert [e.field for e in s.validate({"spec": {"a": "x", "c": 1}})] == ["spec"]
-    assert [e.field for e in s.validate({"spec": {"a": "x"}, "size": "half"})] == ["size"]
+@pytest.mark.parametrize(
+    "keyword",
+    [
+        {"allOf": [{"minimum": 1}]},
+        {"oneOf": [{"minimum": 1}]},
+        {"not": {"minimum": 1}},
+        {"multipleOf": 2},
+        {"exclusiveMinimum": True, "minimum": 0},
+        {"maxProperties": 2},
+        {"x-kubernetes-int-or-string": True},
+        {"x-kubernetes-embedded-resource": True},
+        {"format": "int64"},
+    ],
+)
+def test_keywords_the_fake_does_not_judge_are_refused_at_load(keyword: dict[str, Any]) -> None:
+    # Ignoring them would accept what the real server rejects; the real tier judges such CRDs.
+    schema = {"type": "object", "properties": {"a": {"type": "integer", **keyword}}}
+    with pytest.raises(SchemaError, match="not supported by the fake API server"):
+        CRDSchema.from_openapi(schema)
 
 
 # ------------------------------------------------------------------------------------------
@@ -456,44 +412,9 @@ def make_rule_schema(rule: dict[str, Any], prop: dict[str, Any] | None = None) -
             'spec: Invalid value: "object": x must be below y',
         ),
         (
-            {"rule": "self.x < self.y", "messageExpression": "'x is ' + string(self.x)"},
-            {"x": 2, "y": 1},
-            'spec: Invalid value: "object": x is 2',
-        ),
-        (
-            # A failing messageExpression falls back to message.
-            {
-                "rule": "self.x < self.y",
-                "message": "fallback",
-                "messageExpression": "'v' + string(self.z)",
-            },
-            {"x": 2, "y": 1},
-            'spec: Invalid value: "object": fallback',
-        ),
-        (
             {"rule": "self.x < self.y", "fieldPath": ".x", "message": "too big"},
             {"x": 2, "y": 1},
             'spec.x: Invalid value: "object": too big',
-        ),
-        (
-            {
-                "rule": "has(self.x)",
-                "reason": "FieldValueRequired",
-                "message": "x is required",
-                "fieldPath": ".x",
-            },
-            {"y": 1},
-            "spec.x: Required value: x is required",
-        ),
-        (
-            {"rule": "!has(self.x)", "reason": "FieldValueForbidden", "message": "x is forbidden"},
-            {"x": 1},
-            "spec: Forbidden: x is forbidden",
-        ),
-        (
-            {"rule": "self.x < self.y", "reason": "FieldValueDuplicate"},
-            {"x": 2, "y": 1},
-            'spec: Duplicate value: "object"',
         ),
         (
             # A missing key is an evaluation error, reported, not raised.
@@ -559,36 +480,17 @@ def test_list_and_map_equality_in_cel() -> None:
     assert full(s.validate(changed, old)) == ['spec: Invalid value: "object": immutable']
 
 
-def test_optional_old_self_runs_on_create_too() -> None:
-    rule = {
-        "rule": "!oldSelf.hasValue() || self.x >= oldSelf.value().x",
-        "optionalOldSelf": True,
-        "message": "x may only grow",
-    }
-    s = make_rule_schema(rule)
-    assert s.validate({"spec": {"x": 1}}) == []
-    assert s.validate({"spec": {"x": 2}}, {"spec": {"x": 1}}) == []
-    assert full(s.validate({"spec": {"x": 0}}, {"spec": {"x": 1}})) == [
-        'spec: Invalid value: "object": x may only grow'
-    ]
-
-
-def test_optional_old_self_sees_none_on_create() -> None:
-    s = make_rule_schema({"rule": "oldSelf.hasValue()", "optionalOldSelf": True, "message": "m"})
-    assert [e.field for e in s.validate({"spec": {"x": 1}})] == ["spec"]
-
-
 @pytest.mark.parametrize(
     ("rule", "fragment"),
     [
         ({"rule": "self.x <"}, "compilation failed"),
         ({"rule": "'a' + 1 == 'a1'"}, "compilation failed"),
         ({"rule": "1 + 1"}, "must evaluate to a bool"),
-        ({"rule": "self.x > 0", "optionalOldSelf": True}, "optionalOldSelf"),
-        ({"rule": "self.x > 0", "reason": "Nope"}, "reason"),
+        ({"rule": "self.x > 0", "optionalOldSelf": True}, "optionalOldSelf: not supported"),
+        ({"rule": "self.x > 0", "reason": "FieldValueForbidden"}, "reason: not supported"),
         ({"rule": "self.x > 0", "fieldPath": ".nope"}, "does not refer to a valid field"),
         ({"rule": "self.x > 0", "fieldPath": "x"}, "fieldPath"),
-        ({"rule": "self.x > 0", "messageExpression": "1"}, "must evaluate to a string"),
+        ({"rule": "self.x > 0", "messageExpression": "'m'"}, "messageExpression: not supported"),
         ({"rule": ""}, "Required"),
     ],
 )
@@ -663,31 +565,7 @@ def test_manifest_ok() -> None:
 @pytest.mark.parametrize(
     ("schema", "fragment"),
     [
-        ({"type": "object", "properties": {"a": {}}}, "properties[a].type: Required value"),
         ({"type": "object", "properties": {"a": {"$ref": "#/x", "type": "string"}}}, "$ref"),
-        ({"type": "object", "properties": {"a": {"type": "array"}}}, "items: Required value"),
-        ({"type": "string"}, "must be object at the root"),
-        (
-            {
-                "type": "object",
-                "properties": {
-                    "a": {
-                        "type": "object",
-                        "properties": {"b": {"type": "string"}},
-                        "additionalProperties": {"type": "string"},
-                    }
-                },
-            },
-            "mutual exclusive",
-        ),
-        (
-            {"type": "object", "properties": {"a": {"type": "string", "default": 5}}},
-            "must be of type string",
-        ),
-        (
-            {"type": "object", "properties": {"a": {"type": "object", "default": {"zz": 1}}}},
-            "unknown field",
-        ),
         (
             {
                 "type": "object",
@@ -696,29 +574,6 @@ def test_manifest_ok() -> None:
                 },
             },
             "compilation failed",
-        ),
-        (
-            {
-                "type": "object",
-                "properties": {
-                    "metadata": {"type": "object", "properties": {"labels": {"type": "object"}}}
-                },
-            },
-            "metadata",
-        ),
-        (
-            {
-                "type": "object",
-                "properties": {
-                    "l": {
-                        "type": "array",
-                        "x-kubernetes-list-type": "map",
-                        "x-kubernetes-list-map-keys": ["k"],
-                        "items": {"type": "object", "properties": {"k": {"type": "string"}}},
-                    }
-                },
-            },
-            "must be required or have a default",
         ),
     ],
 )
@@ -800,9 +655,3 @@ def test_seed_workload_spec_is_immutable() -> None:
     new["spec"]["serverCount"] = 3
     assert [e.field for e in s.validate(new, old)] == ["spec.serverCount"]
     assert s.validate(copy.deepcopy(old), old) == []
-
-
-def test_forbidden_reason_constant_used() -> None:
-    # Guard against the rule reason table drifting from errors.py constants.
-    s = make_rule_schema({"rule": "false", "reason": "FieldValueForbidden", "message": "no"})
-    assert s.validate({"spec": {}})[0].reason == FORBIDDEN
