@@ -77,7 +77,7 @@ def _validate_quantity(value: Any, path: str) -> list[FieldError]:
 
 
 # --------------------------------------------------------------------------------------------
-# Selectors and opaque configuration
+# Selectors
 
 
 def _validate_selectors(selectors: list[Any], path: str) -> list[FieldError]:

@@ -145,7 +145,7 @@ def validate_set(
 
 
 # --------------------------------------------------------------------------------------------
-# Common field validators
+# Names and values shared by several kinds
 
 
 def validate_dns_label(value: str, path: str) -> list[FieldError]:
