@@ -7,15 +7,8 @@ from typing import Any
 
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.controller import workloads
-from neuron_dra.controller.discovery import (
-    NodeStore,
-    SliceStore,
-    group_ultraservers,
-    node_state,
-    slice_ultraserver_id,
-    slim_node,
-    slim_slice,
-)
+from neuron_dra.controller.caches import NodeStore, SliceStore, slim_node, slim_slice
+from neuron_dra.controller.discovery import group_ultraservers, node_state, slice_ultraserver_id
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,

@@ -45,17 +45,19 @@ from neuron_dra.common.k8s.leaderelection import LeaderElectionConfig, LeaderEle
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from neuron_dra.common.ultraserver import node_reservations, workload_id
-from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
-from neuron_dra.controller.discovery import (
+from neuron_dra.controller.caches import (
     NodeStore,
     SliceStore,
     SlimListClient,
+    slim_node,
+    slim_slice,
+)
+from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
+from neuron_dra.controller.discovery import (
     UltraServerDiscovery,
     keys_for_node,
     keys_for_slice,
     keys_for_ultraserver,
-    slim_node,
-    slim_slice,
 )
 from neuron_dra.controller.templates import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from neuron_dra.controller.workloads import WorkloadReconciler, orphan_claims_key

@@ -1,0 +1,213 @@
+"""The controller's slim caches of ResourceSlices and Nodes: only what it reads, shared.
+
+At fleet scale the slices and Nodes are most of the controller's memory (docs/performance.md,
+"controller at scale"): a full trn2u.48xlarge slice parses to ~90 KiB and a real Node's
+status and annotations dwarf the little the controller reads. So every slice is cut down to
+its devices' names and the attributes in :data:`SLICE_ATTRIBUTES_READ` (equal attribute maps
+and values shared between devices and nodes, device names interned), every Node to its
+metadata, spec and Ready condition, and LIST pages are slimmed as they arrive so a relist
+never holds more than one page of full objects. Cached objects are never modified in place,
+which is what makes the sharing safe.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from neuron_dra.common.constants import (
+    ATTR_HEALTHY,
+    ATTR_INSTANCE_TYPE,
+    ATTR_ULTRASERVER_ID,
+    ATTR_ULTRASERVER_MODES,
+    ATTR_ULTRASERVER_NODE_ID,
+    ATTR_WORKLOAD_ID,
+    ATTRIBUTE_DOMAIN,
+)
+from neuron_dra.common.k8s.cache import Delta, Store
+from neuron_dra.common.k8s.client import ApiResource, KubeClient, ResourceClient
+
+JsonDict = dict[str, Any]
+
+#: Device attributes the controller reads (discovery and the workload reconciler), under
+#: either spelling. Everything else a slice carries (capacity, topology and group ids, versions)
+#: is the scheduler's business.
+SLICE_ATTRIBUTES_READ: Final = frozenset(
+    name
+    for attr in (
+        ATTR_INSTANCE_TYPE,
+        ATTR_ULTRASERVER_ID,
+        ATTR_ULTRASERVER_NODE_ID,
+        ATTR_ULTRASERVER_MODES,
+        ATTR_HEALTHY,
+        ATTR_WORKLOAD_ID,
+    )
+    for name in (attr, f"{ATTRIBUTE_DOMAIN}/{attr}")
+)
+
+
+class _SharedAttributes(dict[str, Any]):
+    """An attribute map that every cached device with the same one shares (weakly held, so
+    a map no cached device uses any more is freed)."""
+
+    __slots__ = ("__weakref__",)
+
+
+#: Every distinct slim attribute map in the cache, once. The 16 devices of a node carry the
+#: same five attributes, so a fleet of 20,000 nodes holds a few tens of thousands of maps
+#: instead of 340,000. Cached objects are never modified in place, which makes sharing safe.
+_SHARED_ATTRIBUTES: weakref.WeakValueDictionary[tuple[Any, ...], _SharedAttributes] = (
+    weakref.WeakValueDictionary()
+)
+_SHARED_VALUES: weakref.WeakValueDictionary[tuple[Any, ...], _SharedAttributes] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _shared(
+    cache: weakref.WeakValueDictionary[Any, _SharedAttributes], key: Any, value: Any
+) -> Any:
+    """The one ``_SharedAttributes`` equal to ``value`` (a dict), keyed by ``key``."""
+    shared = cache.get(key)
+    if shared is None:
+        shared = _SharedAttributes(value)
+        cache[key] = shared
+    return shared
+
+
+def _slim_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {}
+    parts: list[tuple[str, Any]] = []
+    try:
+        for k, v in attributes.items():
+            if k in SLICE_ATTRIBUTES_READ:
+                if isinstance(v, dict):
+                    # The typed value ({"string": "trn2u.48xlarge"}, {"int": 0}) is shared
+                    # too: most are equal on every node of the fleet.
+                    vkey = tuple(v.items())
+                    v = _shared(_SHARED_VALUES, vkey, v)
+                    parts.append((k, vkey))
+                else:
+                    parts.append((k, v))
+                kept[k] = v
+        # Keyed in the order received: plugins publish a stable order, and another order
+        # only costs a second map.
+        return _shared(_SHARED_ATTRIBUTES, tuple(parts), kept)  # type: ignore[no-any-return]
+    except TypeError:  # an unhashable (malformed) value: keep this map to itself
+        return {k: v for k, v in attributes.items() if k in SLICE_ATTRIBUTES_READ}
+
+
+def _already_slim(devices: list[Any], meta: Any) -> bool:
+    if isinstance(meta, dict) and "managedFields" in meta:
+        return False
+    return all(
+        isinstance(d, dict) and isinstance(d.get("attributes"), _SharedAttributes) for d in devices
+    )
+
+
+def slim_slice(obj: JsonDict) -> JsonDict:
+    """``obj`` with each device cut down to its name and the attributes in
+    ``SLICE_ATTRIBUTES_READ``, and without ``managedFields``.
+
+    A trn2u.48xlarge slice has 17 devices of ~20 attributes and 2 capacities each; parsed, a
+    full one takes ~90 KiB. Slim, with device names interned and equal attribute maps and
+    values shared between devices (and nodes), it takes ~8 KiB. Malformed parts are passed
+    through as they are (the readers are defensive about them).
+    """
+    spec = obj.get("spec")
+    meta = obj.get("metadata")
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+        return obj
+    if _already_slim(spec["devices"], meta):
+        return obj  # the LIST pages are slimmed as they arrive; the store gets them again
+    devices: list[Any] = []
+    for device in spec["devices"]:
+        if not isinstance(device, dict) or not isinstance(device.get("attributes"), dict):
+            devices.append(device)
+            continue
+        slim = {k: v for k, v in device.items() if k not in ("attributes", "capacity")}
+        if isinstance(slim.get("name"), str):
+            slim["name"] = sys.intern(slim["name"])
+        slim["attributes"] = _slim_attributes(device["attributes"])
+        devices.append(slim)
+    out = dict(obj)
+    out["spec"] = {**spec, "devices": devices}
+    if isinstance(meta, dict) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
+def slim_node(obj: JsonDict) -> JsonDict:
+    """A Node cut down to what the controller reads: its metadata (without ``managedFields``
+    and annotations), spec, and the Ready condition. A real node's status (images, node
+    info, addresses, capacity) and annotations are most of its size; at 20,000 nodes they
+    would be most of the controller's memory."""
+    meta = obj.get("metadata")
+    status = obj.get("status")
+    out = dict(obj)
+    if isinstance(meta, dict):
+        out["metadata"] = {
+            k: v for k, v in meta.items() if k not in ("managedFields", "annotations")
+        }
+    if isinstance(status, dict):
+        conditions = status.get("conditions")
+        ready = (
+            [c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"]
+            if isinstance(conditions, list)
+            else []
+        )
+        out["status"] = {"conditions": ready}
+    return out
+
+
+Slim = Callable[[JsonDict], JsonDict]
+
+
+class SlimListClient(ResourceClient):
+    """A client whose LIST pages come back cut down by ``slim``, so a relist of the fleet
+    never holds more than one page of full objects (the store slims too, but only once the
+    whole list has arrived)."""
+
+    def __init__(self, kube: KubeClient, resource: ApiResource, slim: Slim) -> None:
+        super().__init__(kube, resource)
+        self._slim = slim
+
+    async def list(self, *args: Any, **kwargs: Any) -> JsonDict:
+        page = await super().list(*args, **kwargs)
+        items = page.get("items")
+        if isinstance(items, list):
+            page["items"] = [self._slim(o) if isinstance(o, dict) else o for o in items]
+        return page
+
+
+class SlimStore(Store):
+    """A cache that stores ``slim(obj)`` of every object, so its size does not grow with
+    fields the controller never reads. Handlers see the slim objects too."""
+
+    def __init__(self, slim: Slim) -> None:
+        super().__init__()
+        self._slim = slim
+
+    def apply_event(self, event_type: str, obj: JsonDict) -> Delta | None:
+        if event_type in ("ADDED", "MODIFIED", "DELETED"):
+            obj = self._slim(obj)
+        return super().apply_event(event_type, obj)
+
+    def replace(self, objs: Iterable[JsonDict], rv: str) -> list[Delta]:
+        return super().replace((self._slim(o) for o in objs), rv)
+
+
+class SliceStore(SlimStore):
+    """The controller's ResourceSlice cache (``slim_slice``)."""
+
+    def __init__(self) -> None:
+        super().__init__(slim_slice)
+
+
+class NodeStore(SlimStore):
+    """The controller's Node cache (``slim_node``)."""
+
+    def __init__(self) -> None:
+        super().__init__(slim_node)

@@ -1,0 +1,110 @@
+"""UltraServer discovery: ResourceSlices and Nodes -> NeuronUltraServer objects (DESIGN §3.6-3.7).
+
+Each kubelet plugin publishes its node's ResourceSlice with ``ultraserverId`` and
+``ultraserverNodeId`` attributes; this reconciler groups the nodes by UltraServer id and keeps
+one ``NeuronUltraServer`` (NUS) per id in the driver namespace.
+
+Ownership, because two reconcilers write the same objects:
+
+- discovery owns ``spec`` (instance type, topology) and the discovery fields of ``status``:
+  ``state``, ``nodeCount``, ``allocatedNodeCount``, the ``Ready``/``Degraded`` conditions and
+  ``observedGeneration``;
+- ``status.allocations`` belongs to the workload reconciler. We read it (state and deletion
+  depend on it) but never write it: every status write starts from the object we read and is
+  guarded by its resourceVersion, so an allocation written meanwhile makes our write fail with
+  409 and we recompute from the fresh object instead of overwriting it.
+
+The modules, pure decisions first (they never raise on malformed slices or Nodes: bad input
+becomes a *problem* that ends up in the ``Degraded`` condition, because one broken plugin must
+not stop discovery of every other UltraServer):
+
+- :mod:`.fields`: defensive reads of slices and Nodes;
+- :mod:`.naming`: object names and the id label/annotation;
+- :mod:`.grouping`: member nodes per UltraServer id, with their problems;
+- :mod:`.spec`: the topology the schema accepts and the desired object;
+- :mod:`.status`: the desired status and conditions;
+- :mod:`.keys`: which UltraServers an event concerns, and the slice indexes behind it;
+- :mod:`.reconciler`: :class:`UltraServerDiscovery`, which reads the caches and writes.
+
+Write discipline (reference/anchors.md §6: status-write storms, stuck deletions): nothing is
+written when the desired object equals the cached one, ``lastTransitionTime`` only moves when a
+condition's status flips, and NUS objects carry no finalizer, so deleting one never hangs.
+
+This ``__init__`` is the package's API: the names the manager and the tests use.
+"""
+
+from .fields import NodeState, is_neuron_slice, node_state, slice_node_name, slice_ultraserver_id
+from .grouping import DesiredUltraServer, LinkStatus, MemberNode, group_ultraservers
+from .keys import (
+    SLICE_INDEX_NODE,
+    SLICE_INDEX_ULTRASERVER,
+    ensure_slice_indexes,
+    keys_for_node,
+    keys_for_slice,
+    keys_for_ultraserver,
+)
+from .naming import (
+    ANNOTATION_ULTRASERVER_ID,
+    LABEL_ULTRASERVER_ID,
+    nus_name,
+    ultraserver_id_of,
+    ultraserver_label_value,
+)
+from .reconciler import UltraServerDiscovery
+from .spec import TopologyPlan, desired_nus, desired_topology, plan_topology
+from .status import (
+    CONDITION_DEGRADED,
+    CONDITION_READY,
+    Health,
+    Reason,
+    allocated_nodes,
+    allocation_refs,
+    assess,
+    desired_state,
+    desired_status,
+    format_time,
+    get_condition,
+    has_allocations,
+    set_condition,
+)
+
+__all__ = [
+    "ANNOTATION_ULTRASERVER_ID",
+    "CONDITION_DEGRADED",
+    "CONDITION_READY",
+    "LABEL_ULTRASERVER_ID",
+    "SLICE_INDEX_NODE",
+    "SLICE_INDEX_ULTRASERVER",
+    "DesiredUltraServer",
+    "Health",
+    "LinkStatus",
+    "MemberNode",
+    "NodeState",
+    "Reason",
+    "TopologyPlan",
+    "UltraServerDiscovery",
+    "allocated_nodes",
+    "allocation_refs",
+    "assess",
+    "desired_nus",
+    "desired_state",
+    "desired_status",
+    "desired_topology",
+    "ensure_slice_indexes",
+    "format_time",
+    "get_condition",
+    "group_ultraservers",
+    "has_allocations",
+    "is_neuron_slice",
+    "keys_for_node",
+    "keys_for_slice",
+    "keys_for_ultraserver",
+    "node_state",
+    "nus_name",
+    "plan_topology",
+    "set_condition",
+    "slice_node_name",
+    "slice_ultraserver_id",
+    "ultraserver_id_of",
+    "ultraserver_label_value",
+]
