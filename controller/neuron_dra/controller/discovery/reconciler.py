@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.common.events import EventType, ObjectRef
@@ -32,10 +33,10 @@ from .naming import nus_name, ultraserver_id_of
 from .spec import desired_nus, plan_topology, spec_view
 from .status import (
     CONDITION_DEGRADED,
-    CONDITION_READY,
     desired_status,
     get_condition,
     has_allocations,
+    health_event,
     join_names,
 )
 
@@ -43,6 +44,14 @@ from .status import (
 log = logging.getLogger("neuron_dra.controller.discovery")
 
 JsonDict = dict[str, Any]
+
+
+@dataclass
+class _StatusAttempt:
+    """What the last ``mutate`` of a status write saw: the one whose result was written."""
+
+    degraded_before: Mapping[str, Any] | None = None
+    changed: bool = False
 
 
 class UltraServerDiscovery:
@@ -178,55 +187,34 @@ class UltraServerDiscovery:
         keys: Mapping[str, str],
     ) -> None:
         now = self.ctx.clock.wall()
-        # Filled by the last mutate call, i.e. the one whose result was written (if any).
-        last: dict[str, Any] = {}
+        last = _StatusAttempt()
 
         def mutate(obj: JsonDict) -> JsonDict | None:
             # Recomputed from whatever object the write is guarded by, so allocations written
             # by the workload reconciler since our last read are both kept and counted.
             plan = plan_topology(group, obj) if group is not None else None
             status = desired_status(us_id, plan, obj, now=now)
-            last["degraded"] = get_condition(obj, CONDITION_DEGRADED)
-            last["changed"] = status != obj.get("status")
-            if not last["changed"]:
+            last.degraded_before = get_condition(obj, CONDITION_DEGRADED)
+            last.changed = status != obj.get("status")
+            if not last.changed:
                 return None
             obj["status"] = status
             return obj
 
         result = await self._guarded_write(current, mutate, status=True)
-        if not last.get("changed"):
+        if not last.changed:
             return
         log.info(
             "updated NeuronUltraServer status",
             extra={**keys, "state": as_mapping(result.get("status")).get("state")},
         )
-        await self._record_health_events(us_id, last.get("degraded"), result)
-
-    async def _record_health_events(
-        self, us_id: str, old: Mapping[str, Any] | None, nus: Mapping[str, Any]
-    ) -> None:
-        new = get_condition(nus, CONDITION_DEGRADED)
-        if new is None:
-            return
-        was = old.get("status") if old else None
-        changed = old is None or any(
-            old.get(k) != new.get(k) for k in ("status", "reason", "message")
-        )
-        if new.get("status") == "True" and changed:
+        event = health_event(us_id, last.degraded_before, result)
+        if event is not None:
             await self.ctx.events.record(
-                ObjectRef.of(nus),
-                type_=EventType.WARNING,
-                reason=str(new.get("reason") or "Degraded"),
-                note=f"UltraServer {us_id} degraded: {new.get('message') or ''}",
-                action="Reconcile",
-            )
-        elif new.get("status") == "False" and was == "True":
-            ready = as_mapping(get_condition(nus, CONDITION_READY))
-            await self.ctx.events.record(
-                ObjectRef.of(nus),
-                type_=EventType.NORMAL,
-                reason="Recovered",
-                note=f"UltraServer {us_id}: {ready.get('message') or 'all nodes Ready'}",
+                ObjectRef.of(result),
+                type_=event.type_,
+                reason=event.reason,
+                note=event.note,
                 action="Reconcile",
             )
 

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from neuron_dra.common.events import EventType
+
 from .fields import as_mapping
 from .spec import TopologyPlan
 
@@ -260,3 +262,39 @@ def desired_status(
     if gen is not None:
         status["observedGeneration"] = gen
     return status
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """An Event to record about a NUS whose ``Degraded`` condition was just written."""
+
+    type_: EventType
+    reason: str
+    note: str
+
+
+def health_event(
+    us_id: str, old: Mapping[str, Any] | None, nus: Mapping[str, Any]
+) -> HealthEvent | None:
+    """The Event a status write calls for, from the ``Degraded`` condition before (``old``)
+    and after it (in ``nus``): a Warning when the UltraServer is degraded with a new verdict,
+    ``Recovered`` when it stops being degraded, else none (an unchanged verdict is no news)."""
+    new = get_condition(nus, CONDITION_DEGRADED)
+    if new is None:
+        return None
+    was = old.get("status") if old else None
+    changed = old is None or any(old.get(k) != new.get(k) for k in ("status", "reason", "message"))
+    if new.get("status") == "True" and changed:
+        return HealthEvent(
+            EventType.WARNING,
+            str(new.get("reason") or "Degraded"),
+            f"UltraServer {us_id} degraded: {new.get('message') or ''}",
+        )
+    if new.get("status") == "False" and was == "True":
+        ready = as_mapping(get_condition(nus, CONDITION_READY))
+        return HealthEvent(
+            EventType.NORMAL,
+            "Recovered",
+            f"UltraServer {us_id}: {ready.get('message') or 'all nodes Ready'}",
+        )
+    return None
