@@ -1,0 +1,138 @@
+"""Prepare's pure decisions: from the claim as read to its checkpoint entry and the answer.
+
+No I/O here: the caller reads the claim, the inventory and what is published, and writes
+what is decided. Every refusal is a :class:`~.budget.PrepareFailure` saying whether the
+kubelet's retry can help.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from neuron_dra.common.constants import NODE_DEVICE_NAME, device_name
+from neuron_dra.nodeplugin import checkpoint as ckpt
+from neuron_dra.nodeplugin.budget import PrepareFailure
+from neuron_dra.nodeplugin.cdi import cdi_device_ids
+from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
+from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
+
+
+def check_claim(ref: ClaimRef, claim: Mapping[str, Any]) -> None:
+    """That ``claim`` as read is the claim the kubelet means, and is allocated."""
+    key = f"{ref.namespace}/{ref.name}"
+    uid = str((claim.get("metadata") or {}).get("uid") or "")
+    if uid != ref.uid:
+        raise PrepareFailure(
+            f"ResourceClaim {key} has uid {uid}, but the kubelet asked for uid {ref.uid}: "
+            "the claim was deleted and recreated under the same name, so this request is "
+            "stale",
+            reason="UIDMismatch",
+            permanent=True,
+        )
+    if not (claim.get("status") or {}).get("allocation"):
+        # The kubelet only asks for allocated claims: our read is older than its.
+        raise PrepareFailure(
+            f"ResourceClaim {key} is not allocated", reason="NotAllocated", permanent=False
+        )
+
+
+def plan(
+    claim: Mapping[str, Any],
+    *,
+    inventory: NodeInventory,
+    published: Mapping[str, Mapping[str, Any]],
+    node_name: str,
+    driver_name: str,
+) -> ClaimPlan:
+    """What to prepare for a checked ``claim`` on this node (:func:`~.claims.plan_claim`)."""
+    try:
+        return plan_claim(
+            claim,
+            inventory=inventory,
+            published=published,
+            node_name=node_name,
+            driver_name=driver_name,
+        )
+    except ClaimError as exc:
+        raise PrepareFailure(
+            exc.message,
+            reason="InvalidClaim" if exc.permanent else "NotReady",
+            permanent=exc.permanent,
+            event=True,
+        ) from None
+
+
+def _base_request(name: str) -> str:
+    # The kubelet matches containers' resources.claims[].request against base names; a
+    # "req/sub" name would leave the container without its devices (kubelet-dra.md §11.7).
+    return name.split("/", 1)[0]
+
+
+def prepared_devices(plan: ClaimPlan, *, pool: str, cdi_kind: str) -> tuple[ckpt.DeviceRecord, ...]:
+    """The kubelet's answer for a planned claim (pure)."""
+    ids = cdi_device_ids(plan, cdi_kind=cdi_kind)
+    out = []
+    for (requests, device), cdi_id in zip(plan.devices, ids, strict=True):
+        bases = tuple(dict.fromkeys(_base_request(r) for r in requests))
+        out.append(ckpt.DeviceRecord(bases, pool, device, (cdi_id,)))
+    return tuple(out)
+
+
+def new_entry(
+    ref: ClaimRef,
+    plan: ClaimPlan,
+    spec: dict[str, Any],
+    *,
+    pool: str,
+    cdi_kind: str,
+    prepared_at: str,
+) -> ckpt.ClaimEntry:
+    """The checkpoint entry recording ``plan`` as prepared with CDI spec ``spec``."""
+    return ckpt.ClaimEntry(
+        uid=ref.uid,
+        namespace=plan.namespace,
+        name=plan.name,
+        devices=prepared_devices(plan, pool=pool, cdi_kind=cdi_kind),
+        device_indices=plan.device_indices,
+        cdi_spec=spec,
+        prepared_at=prepared_at,
+    )
+
+
+def conflict_message(index: int, holder: ckpt.ClaimEntry) -> str:
+    via = (
+        f" (through {NODE_DEVICE_NAME})"
+        if any(d.device_name == NODE_DEVICE_NAME for d in holder.devices)
+        else ""
+    )
+    return (
+        f"device {device_name(index)} is already prepared for ResourceClaim {holder.key} "
+        f"(uid {holder.uid}){via}; a Neuron device can serve one claim at a time"
+    )
+
+
+def conflict(
+    checkpoint: ckpt.Checkpoint, uid: str, device_indices: Iterable[int]
+) -> PrepareFailure | None:
+    """Why claim ``uid`` cannot have ``device_indices`` now, if another claim holds one.
+
+    Retryable: the holder's Unprepare frees the device, and the user can act on it (Event).
+    """
+    clash = ckpt.find_conflict(checkpoint, uid, device_indices)
+    if clash is None:
+        return None
+    return PrepareFailure(
+        conflict_message(*clash), reason="DeviceInUse", permanent=False, event=True
+    )
+
+
+def answer(entry: ckpt.ClaimEntry) -> PrepareResult:
+    """The kubelet's answer for a prepared claim: the same for every repeat."""
+    return PrepareResult(
+        devices=tuple(
+            PreparedDevice(d.request_names, d.pool_name, d.device_name, d.cdi_device_ids)
+            for d in entry.devices
+        )
+    )
