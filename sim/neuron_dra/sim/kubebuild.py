@@ -15,25 +15,29 @@ unchanged pin is reused:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .gobuild import (
+    BuildError,
+    GoBinary,
+    add_build_flags,
+    read_go_mod,
+    repo_root,
+    required_version,
+    skip_without_go,
+    staged_go_build,
+)
 
 CACHE_ENV = "NEURON_DRA_K8S_CACHE"
 HACK_DIR_ENV = "NEURON_DRA_K8S_HACK_DIR"
 KUBE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The minor the seeds target; CI always runs it.
 BASE_MINOR = "1.34"
-
-
-class BuildError(RuntimeError):
-    """A component failed to build; the message carries the go command's output."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,6 @@ class Module:
         return all((self.bin_dir / b).is_file() for b in self.binaries)
 
 
-def repo_root() -> Path:
-    # sim/neuron_dra/sim/kubebuild.py -> the checkout's root
-    return Path(__file__).resolve().parents[3]
-
-
 def hack_dir() -> Path:
     return Path(os.environ.get(HACK_DIR_ENV) or repo_root() / "hack" / "k8s")
 
@@ -73,20 +72,11 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or default)
 
 
-def _required_version(go_mod: str, module: str) -> str:
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod, re.MULTILINE)
-    if not match:
-        raise BuildError(f"{module} is not required in go.mod")
-    return match.group(1)
-
-
 def load_module(directory: Path) -> Module:
-    go_mod = (directory / "go.mod").read_text()
-    go_sum = (directory / "go.sum").read_bytes()
-    digest = hashlib.sha256(go_mod.encode() + b"\0" + go_sum).hexdigest()[:12]
+    go_mod, digest = read_go_mod(directory)
     if directory.name == "helm":
-        return Module(directory, "helm", _required_version(go_mod, "helm.sh/helm/v3"), digest)
-    version = _required_version(go_mod, "k8s.io/kubernetes")
+        return Module(directory, "helm", required_version(go_mod, "helm.sh/helm/v3"), digest)
+    version = required_version(go_mod, "k8s.io/kubernetes")
     return Module(directory, directory.name.removeprefix("v"), version, digest)
 
 
@@ -158,38 +148,20 @@ def build(mod: Module, *, force: bool = False) -> Path:
     if mod.built() and not force:
         _log(f"{mod.name} {mod.version}: cached in {mod.bin_dir}")
         return mod.bin_dir
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("no Go toolchain on PATH: install Go >= 1.25 to build the components")
-    staging = mod.bin_dir.with_name(mod.bin_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     build_date = "1970-01-01T00:00:00Z"  # reproducible: the pin, not the clock, names a build
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
-    _log(f"{mod.name} {mod.version}: downloading modules")
-    _run([go, "mod", "download"], mod.directory, env)
-    for binary in mod.binaries:
-        if mod.name == "helm":
-            ldflags = _helm_ldflags(mod.version, BASE_MINOR)
-        else:
-            ldflags = _kube_ldflags(mod.version, build_date)
-        started = time.monotonic()
-        _log(f"{mod.name} {mod.version}: building {binary}")
-        cmd = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary)]
-        _run([*cmd, _package_of(binary)], mod.directory, env)
-        _log(f"{mod.name} {mod.version}: {binary} built in {time.monotonic() - started:.0f} s")
-    shutil.rmtree(mod.bin_dir, ignore_errors=True)
-    staging.rename(mod.bin_dir)
-    return mod.bin_dir
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> None:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise BuildError(
-            f"{' '.join(cmd[:2])} failed in {cwd} (exit {proc.returncode}):\n"
-            f"{proc.stdout}{proc.stderr}"
-        )
+    if mod.name == "helm":
+        ldflags = _helm_ldflags(mod.version, BASE_MINOR)
+    else:
+        ldflags = _kube_ldflags(mod.version, build_date)
+    return staged_go_build(
+        mod.directory,
+        mod.bin_dir,
+        [GoBinary(b, _package_of(b), ldflags) for b in mod.binaries],
+        label=f"{mod.name} {mod.version}",
+        log=_log,
+        go_missing="no Go toolchain on PATH: install Go >= 1.25 to build the components",
+        env={},
+    )
 
 
 def _selected(version: str) -> list[Module]:
@@ -216,19 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         help="a pinned minor (1.34, 1.37), 'newest', 'helm' or 'all' (default)",
     )
-    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
-    parser.add_argument(
-        "--optional",
-        action="store_true",
-        help="without a Go toolchain, say so in one line and exit 0 (the real test tier then "
-        "skips); with CI=true a missing toolchain still fails",
-    )
-    parser.add_argument(
-        "--print-bin-dir", action="store_true", help="print each built bin directory on stdout"
+    add_build_flags(
+        parser,
+        skips="the real test tier then skips",
+        bin_dir="print each built bin directory on stdout",
     )
     args = parser.parse_args(argv)
-    on_ci = os.environ.get("CI", "").lower() == "true"
-    if args.optional and not on_ci and shutil.which("go") is None:
+    if skip_without_go(args):
         _log(
             "no Go toolchain: the real Kubernetes tier will skip. Install Go >= 1.25 and run "
             "hack/k8s/build to enable it."

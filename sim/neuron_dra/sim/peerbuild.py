@@ -19,15 +19,22 @@ keyed like the Kubernetes builds (:mod:`.kubebuild`) by version and ``go.sum`` h
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kubebuild import BuildError, _required_version, _run, repo_root
+from .gobuild import (
+    BuildError,
+    GoBinary,
+    add_build_flags,
+    read_go_mod,
+    repo_root,
+    required_version,
+    skip_without_go,
+    staged_go_build,
+)
 
 PEER_MODULE = "sigs.k8s.io/dra-example-driver"
 PEER_PACKAGE = f"{PEER_MODULE}/cmd/dra-example-kubeletplugin"
@@ -68,10 +75,8 @@ def cache_root() -> Path:
 
 def peer_module(directory: Path | None = None) -> PeerModule:
     directory = directory or module_dir()
-    go_mod = (directory / "go.mod").read_text()
-    go_sum = (directory / "go.sum").read_bytes()
-    digest = hashlib.sha256(go_mod.encode() + b"\0" + go_sum).hexdigest()[:12]
-    return PeerModule(directory, _required_version(go_mod, PEER_MODULE), digest)
+    go_mod, digest = read_go_mod(directory)
+    return PeerModule(directory, required_version(go_mod, PEER_MODULE), digest)
 
 
 def peer_binary() -> Path:
@@ -94,32 +99,15 @@ def build(mod: PeerModule, *, force: bool = False) -> Path:
     if mod.built() and not force:
         _log(f"{PEER_MODULE} {mod.version}: cached in {mod.bin_dir}")
         return mod.bin_dir
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("no Go toolchain on PATH: install Go >= 1.26 to build the peer")
-    staging = mod.bin_dir.with_name(mod.bin_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    env = {
-        **os.environ,
-        "CGO_ENABLED": "0",
-        "GOFLAGS": "-mod=readonly -buildvcs=false",
-        "GOTOOLCHAIN": "local",
-    }
-    started = time.monotonic()
-    _log(f"{PEER_MODULE} {mod.version}: downloading modules")
-    _run([go, "mod", "download"], mod.directory, env)
-    _log(f"{PEER_MODULE} {mod.version}: building {PEER_BINARY}")
-    out = staging / PEER_BINARY
-    _run(
-        [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), PEER_PACKAGE],
+    return staged_go_build(
         mod.directory,
-        env,
+        mod.bin_dir,
+        [GoBinary(PEER_BINARY, PEER_PACKAGE, "-s -w")],  # upstream's link flags
+        label=f"{PEER_MODULE} {mod.version}",
+        log=_log,
+        go_missing="no Go toolchain on PATH: install Go >= 1.26 to build the peer",
+        env={"GOTOOLCHAIN": "local"},
     )
-    _log(f"{PEER_MODULE} {mod.version}: built in {time.monotonic() - started:.0f} s")
-    shutil.rmtree(mod.bin_dir, ignore_errors=True)
-    staging.rename(mod.bin_dir)
-    return mod.bin_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,19 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         "hack/bench/go-peer/go.mod) into a cache keyed by version and go.sum hash; reuse it "
         "when present.",
     )
-    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
-    parser.add_argument(
-        "--optional",
-        action="store_true",
-        help="without a Go toolchain, say so in one line and exit 0 (the peer benchmark's "
-        "smoke test then skips); with CI=true a missing toolchain still fails",
-    )
-    parser.add_argument(
-        "--print-bin-dir", action="store_true", help="print the bin directory on stdout"
+    add_build_flags(
+        parser,
+        skips="the peer benchmark's smoke test then skips",
+        bin_dir="print the bin directory on stdout",
     )
     args = parser.parse_args(argv)
-    on_ci = os.environ.get("CI", "").lower() == "true"
-    if args.optional and not on_ci and shutil.which("go") is None:
+    if skip_without_go(args):
         _log("no Go toolchain: the peer benchmark will skip. Install Go >= 1.26 to build it.")
         return 0
     try:
