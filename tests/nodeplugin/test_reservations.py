@@ -36,7 +36,8 @@ from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emula
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
 from neuron_dra.nodeplugin.preparer import Preparer
-from neuron_dra.nodeplugin.publisher import PublisherMetrics, SlicePublisher
+from neuron_dra.nodeplugin.publisher import SlicePublisher
+from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
 from neuron_dra.nodeplugin.reservations import (
     LookupPolicy,
     NodeEntry,
