@@ -17,14 +17,10 @@ from neuron_dra.sim.realcluster import (
     ETCD,
     SCHEDULER,
 )
-from neuron_dra.sim.soak.harness import (
-    LEADER,
-    PLUGIN,
-    STANDBY,
-    Fault,
-    Options,
-    Soak,
-)
+from neuron_dra.sim.soak.children import PLUGIN
+from neuron_dra.sim.soak.faults import LEADER, STANDBY, Fault
+from neuron_dra.sim.soak.harness import Soak
+from neuron_dra.sim.soak.options import Options
 from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"

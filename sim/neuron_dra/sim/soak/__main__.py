@@ -9,7 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from neuron_dra.sim.soak.harness import Options, Soak
+from neuron_dra.sim.soak.harness import Soak
+from neuron_dra.sim.soak.options import Options
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,124 @@
+"""The fault schedule (drawn from the seed, so it replays) and the injection of each fault:
+kill -9 of a process, a short downtime, its restart, and the time until the system is whole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from neuron_dra.sim.realcluster import (
+    APISERVER,
+    CONTROLLER_MANAGER,
+    ETCD,
+    SCHEDULER,
+)
+from neuron_dra.sim.soak.children import CONTROLLER, PLUGIN
+from neuron_dra.sim.soak.options import CONTROL_PLANE
+from neuron_dra.sim.soak.supervisor import restart_child, restart_cp
+
+if TYPE_CHECKING:
+    from neuron_dra.sim.soak.harness import Soak
+
+# Fault kinds (the process that gets kill -9).
+LEADER = "controller-leader"
+STANDBY = "controller-standby"
+FAULT_WEIGHTS: dict[str, int] = {
+    LEADER: 3,
+    STANDBY: 2,
+    PLUGIN: 4,
+    SCHEDULER: 1,
+    CONTROLLER_MANAGER: 1,
+    APISERVER: 2,
+    ETCD: 2,
+}
+
+
+@dataclass
+class Fault:
+    at: float  # seconds into the run (planned)
+    kind: str
+    target: str  # process name
+    downtime: float
+    done_at: float | None = None
+    recovery: float | None = None
+
+
+def plan_faults(
+    fault_rng: random.Random, plugins: list[str], minutes: float, fault_interval: float
+) -> list[Fault]:
+    """Faults at exponential intervals (mean ``fault_interval`` s) over the run, each kind
+    drawn by its weight, a plugin fault on a random node, a downtime of up to 4 s."""
+    kinds = list(FAULT_WEIGHTS)
+    weights = [FAULT_WEIGHTS[k] for k in kinds]
+    out: list[Fault] = []
+    t = 10.0
+    end = minutes * 60
+    while True:
+        t += fault_rng.expovariate(1 / fault_interval)
+        if t >= end:
+            return out
+        kind = fault_rng.choices(kinds, weights)[0]
+        target = fault_rng.choice(plugins) if kind == PLUGIN else kind
+        out.append(Fault(round(t, 1), kind, target, round(fault_rng.uniform(0, 4), 1)))
+
+
+async def inject(soak: Soak, start: float) -> None:
+    schedule = soak.plan_faults()
+    soak.faults = schedule
+    for fault in schedule:
+        delay = start + fault.at - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(soak.wake_faults.wait(), delay)
+        if soak.stopping.is_set() or soak.faults_over:
+            return
+        await one_fault(soak, fault)
+
+
+async def one_fault(soak: Soak, fault: Fault) -> None:
+    assert soak.cp is not None
+    target = fault.target
+    if fault.kind in (LEADER, STANDBY):
+        try:
+            leader = await soak.leader()
+        except Exception:
+            leader = None
+        controllers = [c for c in soak.children.values() if c.kind == CONTROLLER]
+        if leader is None:
+            child = soak.fault_rng.choice(controllers)
+        elif fault.kind == LEADER:
+            child = leader
+        else:
+            child = next(c for c in controllers if c is not leader)
+        target = child.name
+    fault.target = target
+    fault.done_at = soak.now()
+    soak.whole_since = None
+    soak.event(f"FAULT kill -9 {fault.kind} {target} (down {fault.downtime}s)")
+    if fault.kind in CONTROL_PLANE:
+        soak.held_cp.add(target)
+        soak.cp.kill(target)
+        await asyncio.sleep(fault.downtime)
+        restarted = time.monotonic()
+        await restart_cp(soak, target)
+        soak.held_cp.discard(target)
+    else:
+        child = soak.children[target]
+        child.held = True
+        child.kill9()
+        await asyncio.sleep(fault.downtime)
+        restarted = time.monotonic()
+        await restart_child(soak, child)
+        child.held = False
+    try:
+        await soak.wait(soak.whole, f"whole after {fault.kind}", soak.o.recover_limit)
+    except TimeoutError as exc:
+        soak.violate("recovery", str(exc))
+        return
+    fault.recovery = time.monotonic() - restarted
+    soak.whole_since = soak.now()
+    soak.event(f"whole again {fault.recovery:.1f}s after restarting {target}")

@@ -1,0 +1,184 @@
+"""The promises the soak checks, as pure functions of a snapshot (the API objects and each
+node's checkpoint and CDI specs): what holds at every instant, and what holds once settled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from neuron_dra.common.constants import ATTR_WORKLOAD_ID, DRIVER_NAME, LABEL_WORKLOAD_ID
+from neuron_dra.sim.soak.options import JsonDict
+
+
+def slice_tags(slices: Iterable[JsonDict]) -> set[tuple[str, str]]:
+    """(node, workloadId) for every device of our driver tagged with a workloadId."""
+    out: set[tuple[str, str]] = set()
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER_NAME:
+            continue
+        node = str(spec.get("nodeName") or "")
+        for device in spec.get("devices") or []:
+            for key, value in (device.get("attributes") or {}).items():
+                if key.split("/")[-1] == ATTR_WORKLOAD_ID and isinstance(value, dict):
+                    out.add((node, str(value.get("string"))))
+    return out
+
+
+def allocation_entries(nus_objects: Iterable[JsonDict]) -> list[tuple[str, JsonDict]]:
+    return [
+        (str(n["metadata"]["name"]), e)
+        for n in nus_objects
+        for e in (n.get("status") or {}).get("allocations") or []
+    ]
+
+
+def allocated_devices(claim: JsonDict) -> list[tuple[str, str]]:
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return [
+        (str(r.get("pool")), str(r.get("device")))
+        for r in (alloc.get("devices") or {}).get("results") or []
+        if r.get("driver") == DRIVER_NAME
+    ]
+
+
+def always_violations(snap: JsonDict) -> list[tuple[str, str]]:
+    """What must hold at every instant, faults or not."""
+    out: list[tuple[str, str]] = []
+    claims: list[JsonDict] = snap["claims"]
+    allocated = {c["metadata"]["uid"]: c for c in claims if allocated_devices(c)}
+    # 1. No device allocated to, or prepared for, two live (allocated) claims.
+    holders: dict[tuple[str, str], set[str]] = {}
+    for uid, c in allocated.items():
+        for dev in allocated_devices(c):
+            holders.setdefault(dev, set()).add(uid)
+    for node, (checkpoint, _) in snap["files"].items():
+        for uid, entry in checkpoint.items():
+            if uid not in allocated:
+                continue
+            for d in entry.get("devices") or []:
+                holders.setdefault((node, str(d.get("deviceName"))), set()).add(uid)
+    for dev, uids in holders.items():
+        if len(uids) > 1:
+            names = sorted(allocated[u]["metadata"]["name"] for u in uids)
+            out.append(("double-use", f"device {dev} held by live claims {names}"))
+    # 2. No node in two allocation entries; 3. all-or-nothing for Allocated workloads.
+    entries = allocation_entries(snap["nus"])
+    seen: dict[str, str] = {}
+    for nus, e in entries:
+        for node in e.get("allocatedNodes") or []:
+            ref = f"{e.get('workloadRef')}#{e.get('ultraserverIndex')}"
+            if node in seen and seen[node] != ref:
+                out.append(("node-booked-twice", f"{node}: {seen[node]} and {ref} ({nus})"))
+            seen[node] = ref
+    live = {
+        str(w["status"].get("workloadId")): w
+        for w in snap["workloads"]
+        if (w.get("status") or {}).get("workloadId") and not w["metadata"].get("deletionTimestamp")
+    }
+    for wid, w in live.items():
+        if (w.get("status") or {}).get("state") != "Allocated":
+            continue
+        mine = [e for _, e in entries if e.get("workloadId") == wid]
+        spec = w["spec"]
+        sizes = sorted(len(e.get("allocatedNodes") or []) for e in mine)
+        if len(mine) != int(spec["serverCount"]) or any(
+            s != int(spec["topologySize"]) for s in sizes
+        ):
+            out.append(
+                (
+                    "not-all-or-nothing",
+                    f"{w['metadata']['name']} Allocated with units of sizes {sizes}, "
+                    f"wants {spec['serverCount']}x{spec['topologySize']}",
+                )
+            )
+    # 4. A live workload's claims only on its reserved nodes.
+    reserved: dict[str, set[str]] = {}
+    for _, e in entries:
+        reserved.setdefault(str(e.get("workloadId")), set()).update(e.get("allocatedNodes") or [])
+    for c in claims:
+        cwid = str((c["metadata"].get("labels") or {}).get(LABEL_WORKLOAD_ID) or "")
+        if not cwid or cwid not in live:
+            continue
+        outside = {p for p, _ in allocated_devices(c)} - reserved.get(cwid, set())
+        if outside:
+            out.append(
+                (
+                    "outside-reservation",
+                    f"claim {c['metadata']['name']} of {cwid} on {sorted(outside)}",
+                )
+            )
+    return out
+
+
+def freed(snap: JsonDict, wid: str, name: str) -> str | None:
+    """Why the deleted workload ``wid`` is not free yet (None once it is)."""
+    if any(
+        (w.get("status") or {}).get("workloadId") == wid or w["metadata"]["name"] == name
+        for w in snap["workloads"]
+    ):
+        return "workload object still there"
+    if any(e.get("workloadId") == wid for _, e in allocation_entries(snap["nus"])):
+        return "allocation entries remain"
+    if any(t == wid for _, t in slice_tags(snap["slices"])):
+        return "slices still tagged"
+    if any(
+        (c["metadata"].get("labels") or {}).get(LABEL_WORKLOAD_ID) == wid for c in snap["claims"]
+    ):
+        return "claims remain"
+    return None
+
+
+def converged_violations(
+    snap: JsonDict, kubelet_prepared: Mapping[str, set[str]]
+) -> list[tuple[str, str]]:
+    """What must hold once the system has settled (``kubelet_prepared``: the claims each
+    node's kubelet holds prepared)."""
+    out: list[tuple[str, str]] = []
+    claims = {c["metadata"]["uid"]: c for c in snap["claims"]}
+    running = {
+        p["metadata"]["uid"]: p
+        for p in snap["pods"]
+        if (p.get("status") or {}).get("phase") == "Running"
+        and not p["metadata"].get("deletionTimestamp")
+    }
+    for node, (checkpoint, cdi) in snap["files"].items():
+        ck = set(checkpoint)
+        kubelet = kubelet_prepared[node]
+        expected = {
+            uid
+            for uid, c in claims.items()
+            if any(p == node for p, _ in allocated_devices(c))
+            and any(
+                r.get("uid") in running for r in (c.get("status") or {}).get("reservedFor") or []
+            )
+        }
+        if ck != cdi:
+            detail = f"checkpoint-only {sorted(ck - cdi)}, cdi-only {sorted(cdi - ck)}"
+            out.append(("checkpoint-cdi", f"{node}: {detail}"))
+        if ck != kubelet:
+            detail = f"checkpoint-only {sorted(ck - kubelet)}, kubelet-only {sorted(kubelet - ck)}"
+            out.append(("checkpoint-kubelet", f"{node}: {detail}"))
+        if expected - ck:
+            out.append(("missing-prepare", f"{node}: {sorted(expected - ck)}"))
+        if ck - set(claims):
+            out.append(("orphan-prepare", f"{node}: {sorted(ck - set(claims))}"))
+    live = {
+        str(w["status"]["workloadId"])
+        for w in snap["workloads"]
+        if (w.get("status") or {}).get("workloadId")
+    }
+    want = {
+        (str(n), str(e.get("workloadId")))
+        for _, e in allocation_entries(snap["nus"])
+        if e.get("phase") != "Releasing" and e.get("workloadId") in live
+        for n in e.get("allocatedNodes") or []
+    }
+    tags = slice_tags(snap["slices"])
+    if tags != want:
+        out.append(
+            (
+                "workload-tags",
+                f"slice-only {sorted(tags - want)}, nus-only {sorted(want - tags)}",
+            )
+        )
+    return out

@@ -1,0 +1,38 @@
+"""The soak's settings (``hack/soak``'s flags) and the constants of the cluster it builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_dra.sim.realcluster import APISERVER, CONTROLLER_MANAGER, ETCD, SCHEDULER
+
+JsonDict = dict[str, Any]
+NS = "default"
+CONTROLLER_LEASE = "neuron-dra-controller"
+TOPOLOGY_SIZE = 4
+INSTANCE_TYPE = "trn2u.48xlarge"
+#: Longest nodes directory that leaves room for ``/<node>/plugins/<driver>/dra.sock``.
+SHORT_PATH = 50
+CONTROL_PLANE = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)
+
+
+@dataclass
+class Options:
+    minutes: float = 5.0
+    seed: int = 1
+    nodes: int = 16
+    minor: str = "1.34"
+    workdir: Path | None = None
+    #: Mean seconds between two faults (each waits for the system to be whole again).
+    fault_interval: float = 20.0
+    #: Mean seconds between two churn operations.
+    op_interval: float = 1.5
+    #: A deleted workload's devices must be free this long after the system is whole.
+    free_bound: float = 60.0
+    #: How long the system may take to be whole after a fault, or to converge at the end.
+    recover_limit: float = 180.0
+    converge_limit: float = 240.0
+    keep: bool = False
+    quiet: bool = False
