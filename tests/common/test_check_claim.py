@@ -29,13 +29,10 @@ from neuron_dra.nodeplugin.discovery.model import (
 from neuron_dra.nodeplugin.slices import build_resource_slices
 from neuron_dra.sim.allocation import AllocatedDevice, AllocationResult
 from neuron_dra.sim.cli import main
-from neuron_dra.sim.commands.check_claim import (
-    count_hint,
-    from_emulation,
-    node_facts,
-    prepare_problems,
-    split_by_node,
-)
+from neuron_dra.sim.commands.check_claim.allocation import count_hint
+from neuron_dra.sim.commands.check_claim.nodes import split_by_node
+from neuron_dra.sim.commands.check_claim.prepare import node_facts, prepare_problems
+from neuron_dra.sim.commands.check_claim.sources import from_emulation
 from neuron_dra.sim.fakeapi.builtin_validation import validate_builtin
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.paths import repo_root

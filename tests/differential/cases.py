@@ -45,12 +45,9 @@ from neuron_dra.sim.allocation import (
     compile_selector,
     device_view,
 )
-from neuron_dra.sim.commands.check_claim import (
-    ClaimReport,
-    Cluster,
-    check,
-    claim_docs,
-)
+from neuron_dra.sim.commands.check_claim.allocation import ClaimReport, check
+from neuron_dra.sim.commands.check_claim.inputs import claim_docs
+from neuron_dra.sim.commands.check_claim.sources import Cluster
 
 FITS: Final = "fits"
 UNSCHEDULABLE: Final = "unschedulable"
