@@ -1,0 +1,90 @@
+"""Whether a node can serve its workload, read from its Node and ResourceSlices: Ready,
+devices healthy, NeuronLinks up, and whether its slices publish a workload's id tag. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from neuron_dra.common.constants import (
+    ATTR_HEALTHY,
+    ATTR_ULTRASERVER_MODES,
+    ATTR_WORKLOAD_ID,
+    ATTRIBUTE_DOMAIN,
+)
+
+from .model import spec_of, status_of
+
+
+def attr(device: Mapping[str, Any], name: str) -> Any:
+    """A device attribute's value under either spelling (bare or domain-qualified)."""
+    attrs = device.get("attributes") or {}
+    value = attrs.get(name)
+    if value is None:
+        value = attrs.get(f"{ATTRIBUTE_DOMAIN}/{name}")
+    if isinstance(value, Mapping) and len(value) == 1:
+        return next(iter(value.values()))
+    return None
+
+
+def devices(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [d for s in slices for d in (spec_of(s).get("devices") or []) if isinstance(d, Mapping)]
+
+
+def node_ready(node: Mapping[str, Any] | None) -> bool:
+    """Ready condition True. Unknown (kubelet silent) is not ready: nobody vouches for it."""
+    if node is None:
+        return False
+    for cond in status_of(node).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def node_problem(node: Mapping[str, Any] | None, slices: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why an allocated node cannot serve its workload, or None when it can."""
+    if node is None:
+        return "Node object is gone"
+    if not node_ready(node):
+        return "Node is NotReady"
+    if not slices:
+        return "its ResourceSlice is gone"
+    sick = sorted(str(d.get("name")) for d in devices(slices) if attr(d, ATTR_HEALTHY) is False)
+    if sick:
+        return f"unhealthy devices: {', '.join(sick)}"
+    return None
+
+
+def link_problem(member: Mapping[str, Any]) -> str | None:
+    """Which NeuronLinks of a NeuronUltraServer topology member are down, or None."""
+    down = [
+        side
+        for side, key in (
+            ("horizontal", "linkStatusHorizontal"),
+            ("vertical", "linkStatusVertical"),
+        )
+        if member.get(key) == "Down"
+    ]
+    return f"NeuronLink {' and '.join(down)} Down" if down else None
+
+
+def carries_tag(slices: Iterable[Mapping[str, Any]], wid: str) -> bool:
+    """Whether a node's slices publish workloadId ``wid`` (its plugin reserved it for ``wid``)."""
+    return any(attr(d, ATTR_WORKLOAD_ID) == wid for d in devices(slices))
+
+
+def published_modes(slices: Iterable[Mapping[str, Any]]) -> set[int]:
+    """Unit sizes a node's devices publish in ``ultraserverModes`` (``"1_2_4"``)."""
+    out: set[int] = set()
+    for device in devices(slices):
+        out |= parse_modes(attr(device, ATTR_ULTRASERVER_MODES))
+    return out
+
+
+def parse_modes(value: Any) -> set[int]:
+    out: set[int] = set()
+    if isinstance(value, str):
+        for part in value.split("_"):
+            if part.isdigit():
+                out.add(int(part))
+    return out
