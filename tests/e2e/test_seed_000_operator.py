@@ -13,7 +13,8 @@ import pytest
 import pytest_asyncio
 import yaml
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough, workload_for_sim
+from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
+from neuron_dra.sim.commands.walkthrough_seed000 import workload_for_sim
 from neuron_dra.sim.controlplane.workloads import PodSet
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
@@ -87,9 +88,7 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     assert (owner["kind"], owner["name"]) == (c.KIND_WORKLOAD, NAME)
     wid = status["workloadId"]
     # Each plugin tags its own slice when it sees the reservation: wait for all eight.
-    tagged = await sim.wait_until(
-        lambda: walk.tagged_nodes(wid, at_least=8), "8 nodes tagged"
-    )
+    tagged = await sim.wait_until(lambda: walk.tagged_nodes(wid, at_least=8), "8 nodes tagged")
     assert len(tagged) == 8 and all(n.startswith("trn2u-") for n in tagged)
 
     deploy = await sim.apply(deployment())

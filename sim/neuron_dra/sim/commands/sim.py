@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from neuron_dra.common.logsetup import TextFormatter
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough, render_table, run_walkthrough
+from neuron_dra.sim.commands.sim_walkthrough import Walkthrough, run_walkthrough
+from neuron_dra.sim.commands.walkthrough_tables import render_table
 from neuron_dra.sim.simcluster import SimCluster, default_nodes
 
 
