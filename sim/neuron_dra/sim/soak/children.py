@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neuron_dra.sim.realcluster import _die_with_parent
+from neuron_dra.sim.realcluster.processes import die_with_parent
 
 #: The kinds of child: a node's kubelet plugin, a controller replica.
 PLUGIN = "plugin"
@@ -35,7 +35,7 @@ def popen(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=None if SETPRIV else _die_with_parent,
+            preexec_fn=None if SETPRIV else die_with_parent,
         )
 
 
