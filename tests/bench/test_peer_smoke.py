@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from neuron_dra.sim.peerbench.harness import Options, parse_sum_count, run
+from neuron_dra.sim.peerbench.harness import Options, run
+from neuron_dra.sim.peerbench.observe import parse_sum_count
 from neuron_dra.sim.peerbench.stats import (
     OURS,
     PEER,

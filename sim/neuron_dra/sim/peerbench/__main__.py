@@ -20,7 +20,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .harness import OUR_INSTANCE_TYPE, Options, RunResult, run
+from .driver import OUR_INSTANCE_TYPE
+from .harness import Options, RunResult, run
 from .stats import Latency, markdown_table, rows, targets_met
 
 

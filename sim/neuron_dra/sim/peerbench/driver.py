@@ -1,0 +1,102 @@
+"""One driver under test (ours or the Go peer): its node, directories, process handles and
+the command line it is started with."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neuron_dra.nodeplugin.kubeletapi import ClaimRef
+from neuron_dra.nodeplugin.kubeletclient import DraPlugin, KubeletClient
+from neuron_dra.sim.peerbuild import peer_binary
+
+from .stats import DriverFigures
+
+NAMESPACE = "peer-bench"
+#: Devices per node, and so claims per driver: a trn2.48xlarge has 16 Neuron devices; the
+#: peer is started with ``--num-devices 16``.
+DEVICES = 16
+OUR_INSTANCE_TYPE = "trn2.48xlarge"
+PEER_DRIVER = "gpu.example.com"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+SETPRIV = shutil.which("setpriv")
+
+
+@dataclass
+class Driver:
+    """One driver under test: its node, directories, process and kubelet-side connection."""
+
+    label: str
+    driver_name: str
+    device_class: str
+    node: str
+    version: str
+    root: Path
+    cdi_root: Path
+    argv_for: Callable[[Driver, Path], list[str]]
+    figures: DriverFigures = field(init=False)
+    proc: asyncio.subprocess.Process | None = None
+    kubelet: KubeletClient | None = None
+    plugin: DraPlugin | None = None
+    claims: list[ClaimRef] = field(default_factory=list)
+    #: Where its Prometheus metrics are served, and the histogram of its per-claim Prepare
+    #: time there (ours: neuron_dra_prepare_seconds, the claim GET included; the peer's:
+    #: its own work, no GET).
+    metrics_port: int | None = None
+    prepare_metric: str = ""
+
+    def __post_init__(self) -> None:
+        self.figures = DriverFigures(self.label, self.version)
+
+    @property
+    def registrar(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "plugin.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def dra(self) -> DraPlugin:
+        assert self.plugin is not None
+        return self.plugin
+
+
+def our_argv(d: Driver, kubeconfig: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "neuron_dra.nodeplugin.main",
+        "--node-name", d.node, "--kubeconfig", str(kubeconfig),
+        "--cdi-root", str(d.cdi_root),
+        "--kubelet-registrar-directory-path", str(d.registrar),
+        "--kubelet-plugins-directory-path", str(d.plugins_dir),
+        "--emulation-mode", OUR_INSTANCE_TYPE,
+        "--http-port", "0",
+    ]  # fmt: skip
+
+
+def peer_argv(d: Driver, kubeconfig: Path) -> list[str]:
+    return [
+        str(peer_binary()),
+        "--node-name", d.node, "--kubeconfig", str(kubeconfig),
+        "--cdi-root", str(d.cdi_root),
+        "--kubelet-registrar-directory-path", str(d.registrar),
+        "--kubelet-plugins-directory-path", str(d.plugins_dir),
+        "--num-devices", str(DEVICES),
+        "--metrics-port", str(d.metrics_port),
+        # client-go's defaults (5 QPS, burst 10) would make the benchmark measure the
+        # peer's client-side throttle: each Prepare GETs its claims. Ours has none.
+        "--kube-api-qps", "1000", "--kube-api-burst", "1000",
+    ]  # fmt: skip
