@@ -53,9 +53,12 @@ async def maintain(t: Tools, obj: JsonDict, wl: Workload, held: list[Held]) -> R
     missing = sorted(set(range(wl.server_count)) - {h.index for h in held})
 
     if state_of(obj) not in RUNNING_STATES:
-        # Finishing writes no ``Allocating`` either: the state found already says "not
-        # running", which is all a further restart needs; only the missing entries and the
-        # final status write are made.
+        # An allocation that was interrupted before any pod could use it (its entries were
+        # written, the final status write was not): finish it if every unit can still be
+        # had, otherwise give everything back (all-or-nothing). Finishing writes no
+        # ``Allocating`` either: the state found already says "not running", which is all
+        # a further restart needs; only the missing entries and the final status write are
+        # made.
         if not failed:
             completed = _complete(t, obj, held)
             if completed is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from neuron_dra.controller.allocator import Unit
 
-from .model import COND_ALLOCATED, COND_READY, RUNNING_STATES, Cond, JsonDict, status_of
+from .model import COND_ALLOCATED, COND_READY, RUNNING_STATES, Cond, JsonDict
 
 
 def rfc3339(ts: datetime) -> str:
@@ -58,13 +58,6 @@ def with_condition(
             new["observedGeneration"] = generation
         out.append(new)
     return out
-
-
-def get_condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    for cond in status_of(obj).get("conditions") or []:
-        if isinstance(cond, Mapping) and cond.get("type") == type_:
-            return cond
-    return None
 
 
 @dataclass(frozen=True)
