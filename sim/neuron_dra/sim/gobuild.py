@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,20 +58,34 @@ def required_version(go_mod: str, module: str) -> str:
     return match.group(1)
 
 
+def logger(command: str) -> Callable[[str], None]:
+    """A build command's progress lines, on stderr: ``[<command>] <message>``."""
+
+    def log(message: str) -> None:
+        print(f"[{command}] {message}", file=sys.stderr, flush=True)
+
+    return log
+
+
 def staged_go_build(
     directory: Path,
     bin_dir: Path,
     binaries: Sequence[GoBinary],
     *,
+    reuse: bool,
     label: str,
     log: Callable[[str], None],
     go_missing: str,
     env: Mapping[str, str],
 ) -> Path:
-    """Download the module's dependencies and build ``binaries`` into ``bin_dir``.
+    """Download the module's dependencies and build ``binaries`` into ``bin_dir``; with
+    ``reuse`` (a complete build is there and no rebuild was asked for), only say so.
 
     ``env`` is added to ``CGO_ENABLED=0`` and a read-only, VCS-free ``GOFLAGS``; ``go_missing``
     is the error when there is no Go toolchain on PATH."""
+    if reuse:
+        log(f"{label}: cached in {bin_dir}")
+        return bin_dir
     go = shutil.which("go")
     if go is None:
         raise BuildError(go_missing)

@@ -26,6 +26,7 @@ from .gobuild import (
     BuildError,
     GoBinary,
     add_build_flags,
+    logger,
     read_go_mod,
     repo_root,
     required_version,
@@ -139,15 +140,11 @@ def _package_of(binary: str) -> str:
     return f"k8s.io/kubernetes/cmd/{binary}"
 
 
-def _log(message: str) -> None:
-    print(f"[hack/k8s] {message}", file=sys.stderr, flush=True)
+_log = logger("hack/k8s")
 
 
 def build(mod: Module, *, force: bool = False) -> Path:
     """Build every binary of ``mod`` into its cache directory (reused when complete)."""
-    if mod.built() and not force:
-        _log(f"{mod.name} {mod.version}: cached in {mod.bin_dir}")
-        return mod.bin_dir
     build_date = "1970-01-01T00:00:00Z"  # reproducible: the pin, not the clock, names a build
     if mod.name == "helm":
         ldflags = _helm_ldflags(mod.version, BASE_MINOR)
@@ -157,6 +154,7 @@ def build(mod: Module, *, force: bool = False) -> Path:
         mod.directory,
         mod.bin_dir,
         [GoBinary(b, _package_of(b), ldflags) for b in mod.binaries],
+        reuse=mod.built() and not force,
         label=f"{mod.name} {mod.version}",
         log=_log,
         go_missing="no Go toolchain on PATH: install Go >= 1.25 to build the components",

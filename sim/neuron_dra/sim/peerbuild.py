@@ -29,6 +29,7 @@ from .gobuild import (
     BuildError,
     GoBinary,
     add_build_flags,
+    logger,
     read_go_mod,
     repo_root,
     required_version,
@@ -90,19 +91,16 @@ def peer_binary() -> Path:
     return mod.binary
 
 
-def _log(message: str) -> None:
-    print(f"[hack/bench/build-peer] {message}", file=sys.stderr, flush=True)
+_log = logger("hack/bench/build-peer")
 
 
 def build(mod: PeerModule, *, force: bool = False) -> Path:
     """Build the peer into its cache directory (reused when present); its bin directory."""
-    if mod.built() and not force:
-        _log(f"{PEER_MODULE} {mod.version}: cached in {mod.bin_dir}")
-        return mod.bin_dir
     return staged_go_build(
         mod.directory,
         mod.bin_dir,
         [GoBinary(PEER_BINARY, PEER_PACKAGE, "-s -w")],  # upstream's link flags
+        reuse=mod.built() and not force,
         label=f"{PEER_MODULE} {mod.version}",
         log=_log,
         go_missing="no Go toolchain on PATH: install Go >= 1.26 to build the peer",
