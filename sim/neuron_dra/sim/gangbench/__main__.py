@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
+
+from neuron_dra.sim.frontend import machine_line, options_from
 
 from .harness import TOPOLOGY_SIZE, GangResult, Options, report_table, run
 
@@ -53,12 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def report(result: GangResult, argv: list[str]) -> str:
     o = result.options
-    load = os.getloadavg()
     return "\n".join(
         [
             f"command: hack/bench/gang-start {shlex.join(argv)}".rstrip(),
-            f"machine: {os.cpu_count()} CPUs, {platform.machine()}, load average at the end "
-            f"{load[0]:.2f}; python {platform.python_version()}",
+            machine_line(),
             f"kubernetes {result.kubernetes} (etcd, kube-apiserver, kube-controller-manager, "
             f"kube-scheduler; kubectl {result.kubectl})",
             f"cluster: {result.nodes} trn2u.48xlarge nodes in {o.ultraservers} UltraServers, "
@@ -82,15 +80,7 @@ def report(result: GangResult, argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
-    opts = Options(
-        runs=args.runs,
-        ultraservers=args.ultraservers,
-        server_count=args.server_count,
-        minor=args.minor,
-        limit=args.limit,
-        workdir=args.workdir,
-        two_step=args.two_step,
-    )
+    opts = options_from(Options, args)
     result = run(opts)
     print(report(result, args_list), flush=True)
     if args.json:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+
+from neuron_dra.sim.frontend import machine_line, options_from
 
 from .driver import OUR_INSTANCE_TYPE
 from .harness import Options, RunResult, run
@@ -64,8 +64,7 @@ def report(result: RunResult, opts: Options, argv: list[str]) -> str:
     ours, peer = result.ours, result.peer
     lines = [
         f"command: hack/bench/peer {shlex.join(argv)}".rstrip(),
-        f"machine: {os.cpu_count()} CPUs, {platform.machine()}, load average at the end "
-        f"{os.getloadavg()[0]:.2f}; python {platform.python_version()}; {_go_version()}",
+        f"{machine_line()}; {_go_version()}",
         f"kubernetes {result.kubernetes} (etcd, kube-apiserver, kube-controller-manager, "
         "kube-scheduler)",
         f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE}, 16 devices); peer: "
@@ -127,17 +126,7 @@ def split(result: RunResult) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
-    opts = Options(
-        minor=args.minor,
-        starts=args.starts,
-        warmup=args.warmup,
-        cycles=args.cycles,
-        batches=args.batches,
-        floor_calls=args.floor_calls,
-        workdir=args.workdir,
-        compile=not args.no_compile,
-        profile_ours=args.profile_ours,
-    )
+    opts = options_from(Options, args, compile=not args.no_compile)
     result = run(opts)
     print(report(result, opts, args_list), flush=True)
     if args.json:

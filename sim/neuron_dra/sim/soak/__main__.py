@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from neuron_dra.sim.frontend import options_from
 from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.options import Options
 
@@ -40,18 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A simulated kubelet's failed sync (its plugin is down: the point of the soak) is
     # retried with back-off; its traceback is noise here.
     logging.getLogger("neuron_dra.sim.controlplane").setLevel(logging.CRITICAL)
-    options = Options(
-        minutes=args.minutes,
-        seed=args.seed,
-        nodes=args.nodes,
-        minor=args.minor,
-        workdir=args.workdir,
-        fault_interval=args.fault_interval,
-        op_interval=args.op_interval,
-        free_bound=args.free_bound,
-        keep=args.keep,
-        quiet=args.quiet,
-    )
+    options = options_from(Options, args)
     return asyncio.run(Soak(options).run())
 
 
