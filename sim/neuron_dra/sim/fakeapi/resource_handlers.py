@@ -115,6 +115,7 @@ async def _handle(
     verb: str,
     body: bytes,
 ) -> web.StreamResponse:
+    """One verb on one resource (or collection), answered with the object it produced."""
     q = request.query
     core = api.core
     nsv = ns or ""
@@ -158,6 +159,16 @@ async def _handle(
             field_validation=validation)
         return raw_response(obj_bytes(api.store, rt, patched), 201 if created else 200,
                             warning_headers(warnings))
+    return _delete(api, request, rt, ns, name, verb, body, dry_run)
+
+
+def _delete(api: FakeAPIServer, request: web.Request, rt: ResourceType, ns: str | None,
+            name: str | None, verb: str, body: bytes, dry_run: bool) -> web.Response:
+    """DELETE of one object or of a collection; DeleteOptions come from the body, with
+    propagationPolicy and gracePeriodSeconds also accepted as query parameters."""
+    q = request.query
+    core = api.core
+    nsv = ns or ""
     opts = decode_body(body) if body.strip() else {}
     if not isinstance(opts, dict):
         raise bad_request("DeleteOptions must be an object")
