@@ -24,8 +24,8 @@ from neuron_dra.common.ultraserver import node_reservations
 from neuron_dra.controller.manager import ControllerManager, ManagerConfig
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.publisher import SlicePublisher
-from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.reservations import ReservationWatcher
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry

@@ -42,10 +42,10 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
-from neuron_dra.nodeplugin.nodelabels import NodeLabeller, node_label_patch
-from neuron_dra.nodeplugin.publisher import SlicePublisher
-from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
-from neuron_dra.nodeplugin.sliceplan import plan_slices
+from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller, node_label_patch
+from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
+from neuron_dra.nodeplugin.publish.sliceplan import plan_slices
 from neuron_dra.nodeplugin.slices import build_resource_slices, slice_name
 from neuron_dra.sim.fakeapi.faults import RequestInfo
 from neuron_dra.sim.fakeapi.server import FakeAPIServer

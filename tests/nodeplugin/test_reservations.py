@@ -35,9 +35,9 @@ from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
-from neuron_dra.nodeplugin.preparer import Preparer
-from neuron_dra.nodeplugin.publisher import SlicePublisher
-from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
+from neuron_dra.nodeplugin.prepare.preparer import Preparer
+from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.reservations import (
     LookupPolicy,
     NodeEntry,

@@ -46,10 +46,10 @@ from neuron_dra.nodeplugin.kubeletapi import (
     PluginServer,
     load_grpc_stack,
 )
-from neuron_dra.nodeplugin.nodelabels import NodeLabeller
-from neuron_dra.nodeplugin.preparer import Preparer
-from neuron_dra.nodeplugin.publisher import SlicePublisher
-from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
+from neuron_dra.nodeplugin.prepare.preparer import Preparer
+from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller
+from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.reservations import ReservationWatcher
 from prometheus_client import CollectorRegistry
 

@@ -17,9 +17,9 @@ from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.reflector import Reflector
 from neuron_dra.common.k8s.workqueue import QueueMetrics, RateLimiter
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.syncworker import SyncWorker, log_failure
 from neuron_dra.nodeplugin.slices import ultraserver_node_labels
-from neuron_dra.nodeplugin.syncworker import SyncWorker, log_failure
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from neuron_dra.common.k8s.errors import (
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.k8s.workqueue import QueueMetrics, RateLimiter
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.publishmetrics import PublisherMetrics
-from neuron_dra.nodeplugin.sliceplan import (
+from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
+from neuron_dra.nodeplugin.publish.sliceplan import (
     JsonDict,
     NodeSliceFacts,
     SlicePlan,
@@ -66,8 +66,8 @@ from neuron_dra.nodeplugin.sliceplan import (
     slice_name_of,
     slice_resync_reason,
 )
+from neuron_dra.nodeplugin.publish.syncworker import NotReadyError, SyncWorker, log_failure
 from neuron_dra.nodeplugin.slices import build_resource_slices
-from neuron_dra.nodeplugin.syncworker import NotReadyError, SyncWorker, log_failure
 
 log = logging.getLogger(__name__)
 

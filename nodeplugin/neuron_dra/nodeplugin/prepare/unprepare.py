@@ -11,11 +11,11 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.budget import state_failure
 from neuron_dra.nodeplugin.cdi import remove_cdi_spec
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, UnprepareResult
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
-from neuron_dra.nodeplugin.nodestate import NodeState
+from neuron_dra.nodeplugin.prepare.budget import state_failure
+from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 
 log = logging.getLogger(__name__)
 

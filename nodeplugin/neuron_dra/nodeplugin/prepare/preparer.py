@@ -55,8 +55,6 @@ from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin import decide
-from neuron_dra.nodeplugin.budget import PrepareFailure, PrepareLimits, read_claim, state_failure
 from neuron_dra.nodeplugin.cdi import (
     CDI_KIND,
     CdiError,
@@ -75,8 +73,15 @@ from neuron_dra.nodeplugin.kubeletapi import (
     UnprepareResult,
 )
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
-from neuron_dra.nodeplugin.nodestate import NodeState
-from neuron_dra.nodeplugin.unprepare import unprepare
+from neuron_dra.nodeplugin.prepare import decide
+from neuron_dra.nodeplugin.prepare.budget import (
+    PrepareFailure,
+    PrepareLimits,
+    read_claim,
+    state_failure,
+)
+from neuron_dra.nodeplugin.prepare.nodestate import NodeState
+from neuron_dra.nodeplugin.prepare.unprepare import unprepare
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,11 @@ from typing import Any
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME, device_name
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.budget import PrepareFailure
 from neuron_dra.nodeplugin.cdi import cdi_device_ids
 from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
+from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
 
 
 def check_claim(ref: ClaimRef, claim: Mapping[str, Any]) -> None:
