@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
+from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.simcluster import SimCluster, default_nodes
 from neuron_dra.sim.worlds import cluster_kwargs, world_params
 

@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 import yaml
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
-from neuron_dra.sim.commands.walkthrough_seed000 import workload_for_sim
+from neuron_dra.sim.commands.walkthrough import Walkthrough
+from neuron_dra.sim.commands.walkthrough.seed000 import workload_for_sim
 from neuron_dra.sim.controlplane.workloads import PodSet
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster, ultraservers

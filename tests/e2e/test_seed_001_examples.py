@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
-from neuron_dra.sim.commands.walkthrough_tables import core_count
-from neuron_dra.sim.commands.walkthrough_tools import G4, G8
+from neuron_dra.sim.commands.walkthrough import Walkthrough
+from neuron_dra.sim.commands.walkthrough.tables import core_count
+from neuron_dra.sim.commands.walkthrough.tools import G4, G8
 from neuron_dra.sim.simcluster import SimCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
+from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.simcluster import SimCluster
 from neuron_dra.sim.simcluster.topology import node_dns_name
 

@@ -3,7 +3,7 @@
 Starts the fake API server, the UltraServer controller and one real kubelet plugin per
 emulated node (two trn2u.48xlarge UltraServers, two trn2.48xlarge, one trn1.32xlarge, one
 inf2.48xlarge), with a simulated scheduler and kubelets, then walks through the examples in
-``examples/specs/`` (:mod:`.sim_walkthrough`). Exits non-zero if any step fails.
+``examples/specs/`` (:mod:`.walkthrough`). Exits non-zero if any step fails.
 ``--keep-running`` leaves the cluster up afterwards and prints a kubeconfig for kubectl.
 """
 
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from neuron_dra.common.logsetup import TextFormatter
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough, run_walkthrough
-from neuron_dra.sim.commands.walkthrough_tables import render_table
+from neuron_dra.sim.commands.walkthrough import Walkthrough, run_walkthrough
+from neuron_dra.sim.commands.walkthrough.tables import render_table
 from neuron_dra.sim.simcluster import SimCluster, default_nodes
 
 

@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 
 import yaml
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.sim_walkthrough import Walkthrough
-from neuron_dra.sim.commands.walkthrough_seed000 import workload_for_sim
-from neuron_dra.sim.commands.walkthrough_tools import ENV_RANK, ENV_RANK0
+from neuron_dra.sim.commands.walkthrough import Walkthrough
+from neuron_dra.sim.commands.walkthrough.seed000 import workload_for_sim
+from neuron_dra.sim.commands.walkthrough.tools import ENV_RANK, ENV_RANK0
 from neuron_dra.sim.controlplane.base import is_active
 from neuron_dra.sim.paths import chart_crd_dir, repo_root
 from neuron_dra.sim.peerbench.stats import percentile

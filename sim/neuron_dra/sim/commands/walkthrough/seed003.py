@@ -9,7 +9,7 @@ from neuron_dra.sim.commands.check_claim.allocation import check
 from neuron_dra.sim.commands.check_claim.inputs import claim_docs
 from neuron_dra.sim.commands.check_claim.output import render_text
 from neuron_dra.sim.commands.check_claim.sources import Cluster
-from neuron_dra.sim.commands.walkthrough_tools import WalkthroughTools, expect
+from neuron_dra.sim.commands.walkthrough.tools import WalkthroughTools, expect
 
 
 class InvalidCountSteps(WalkthroughTools):

@@ -6,8 +6,8 @@ its containers would see) and checks the outcome against what the seeds promise.
 does not behave raises :class:`StepFailed` with what was expected; steps clean up after
 themselves so the next one starts from an idle cluster.
 
-The steps live in one module per seed (``walkthrough_seed000``, ``walkthrough_seed001``,
-``walkthrough_seed003``) on the tools every step shares (``walkthrough_tools``);
+The steps live in one module per seed (``seed000``, ``seed001``, ``seed003``) on the tools
+every step shares (``tools``; ``tables`` renders what the pods got);
 :class:`Walkthrough` puts them together and :func:`run_walkthrough` runs them in order.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from neuron_dra.common.k8s.errors import KubeError
-from neuron_dra.sim.commands.walkthrough_seed000 import OperatorSteps
-from neuron_dra.sim.commands.walkthrough_seed001 import DeviceSteps
-from neuron_dra.sim.commands.walkthrough_seed003 import InvalidCountSteps
-from neuron_dra.sim.commands.walkthrough_tools import NS, StepFailed, expect
+from neuron_dra.sim.commands.walkthrough.seed000 import OperatorSteps
+from neuron_dra.sim.commands.walkthrough.seed001 import DeviceSteps
+from neuron_dra.sim.commands.walkthrough.seed003 import InvalidCountSteps
+from neuron_dra.sim.commands.walkthrough.tools import NS, StepFailed, expect
 
 
 class Walkthrough(DeviceSteps, OperatorSteps, InvalidCountSteps):

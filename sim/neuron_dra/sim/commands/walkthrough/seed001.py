@@ -4,8 +4,8 @@ and half nodes and driver versions, logical NeuronCore size, 4-node UltraServer 
 from __future__ import annotations
 
 from neuron_dra.common import constants as c
-from neuron_dra.sim.commands.walkthrough_tables import compact_devices, core_count, mode_label
-from neuron_dra.sim.commands.walkthrough_tools import (
+from neuron_dra.sim.commands.walkthrough.tables import compact_devices, core_count, mode_label
+from neuron_dra.sim.commands.walkthrough.tools import (
     ENV_CORES,
     ENV_LNC,
     ENV_MODE,

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 from neuron_dra.common import constants as c
 from neuron_dra.common.k8s.errors import InvalidError, KubeError
-from neuron_dra.sim.commands.walkthrough_tables import mode_label
-from neuron_dra.sim.commands.walkthrough_tools import (
+from neuron_dra.sim.commands.walkthrough.tables import mode_label
+from neuron_dra.sim.commands.walkthrough.tools import (
     ENV_MODE,
     ENV_NODE,
     ENV_RANK,
