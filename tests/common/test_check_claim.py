@@ -33,8 +33,8 @@ from neuron_dra.sim.commands.check_claim.allocation import count_hint
 from neuron_dra.sim.commands.check_claim.nodes import split_by_node
 from neuron_dra.sim.commands.check_claim.prepare import node_facts, prepare_problems
 from neuron_dra.sim.commands.check_claim.sources import from_emulation
-from neuron_dra.sim.fakeapi.builtin_validation import validate_builtin
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.fakeapi.validation.builtin import validate_builtin
 from neuron_dra.sim.paths import repo_root
 
 SPECS = repo_root() / "examples" / "specs"

@@ -252,7 +252,7 @@ spec:
 def test_seed_example_applies_through_the_fake_apiserver_schema() -> None:
     # The fake API server enforces the CRD the way kube-apiserver does; the seed's Step 1 must
     # pass it unchanged, with the documented defaults filled in.
-    fake = pytest.importorskip("neuron_dra.sim.fakeapi.schema")
+    fake = pytest.importorskip("neuron_dra.sim.fakeapi.crdschema.schema")
     (crd,) = [c for c in crdgen.CRDS if c.kind == "NeuronUltraServerWorkload"]
     manifest = crdgen.crd_manifest(crd)
     assert fake.validate_crd_manifest(manifest) == []

@@ -21,12 +21,12 @@ from neuron_dra.controller.templates import (
     template_matches,
     template_name,
 )
-from neuron_dra.sim.fakeapi.builtin_validation import (
+from neuron_dra.sim.fakeapi.validation.builtin import (
     apply_builtin_defaults,
     validate_builtin,
     validate_object_meta,
 )
-from neuron_dra.sim.fakeapi.device_selectors import compile_device_selector
+from neuron_dra.sim.fakeapi.validation.device_selectors import compile_device_selector
 
 WID = "my-training-job-1a2b3c4d"
 

@@ -7,12 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from neuron_dra.sim.fakeapi.builtin_validation import (
-    apply_builtin_defaults,
-    validate_builtin,
-    validate_object_meta,
-)
-from neuron_dra.sim.fakeapi.device_selectors import compile_device_selector
 from neuron_dra.sim.fakeapi.errors import (
     FORBIDDEN,
     INVALID,
@@ -20,7 +14,13 @@ from neuron_dra.sim.fakeapi.errors import (
     TOO_LONG,
     FieldError,
 )
-from neuron_dra.sim.fakeapi.name_formats import (
+from neuron_dra.sim.fakeapi.validation.builtin import (
+    apply_builtin_defaults,
+    validate_builtin,
+    validate_object_meta,
+)
+from neuron_dra.sim.fakeapi.validation.device_selectors import compile_device_selector
+from neuron_dra.sim.fakeapi.validation.names import (
     is_c_identifier,
     is_dns1123_label,
     is_dns1123_subdomain,

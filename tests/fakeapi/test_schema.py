@@ -10,6 +10,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from neuron_dra.sim.fakeapi.crdschema.schema import CRDSchema, SchemaError, validate_crd_manifest
 from neuron_dra.sim.fakeapi.errors import (
     DUPLICATE,
     INVALID,
@@ -20,7 +21,6 @@ from neuron_dra.sim.fakeapi.errors import (
     FieldError,
     invalid_status,
 )
-from neuron_dra.sim.fakeapi.schema import CRDSchema, SchemaError, validate_crd_manifest
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "neuron-dra-driver" / "crds"
 

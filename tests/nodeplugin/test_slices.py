@@ -39,8 +39,8 @@ from neuron_dra.nodeplugin.slices import (
     slice_name,
     ultraserver_node_labels,
 )
-from neuron_dra.sim.fakeapi.builtin_validation import validate_builtin, validate_object_meta
-from neuron_dra.sim.fakeapi.name_formats import is_valid_label_value
+from neuron_dra.sim.fakeapi.validation.builtin import validate_builtin, validate_object_meta
+from neuron_dra.sim.fakeapi.validation.names import is_valid_label_value
 
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"
 UID = "0b7c6a51-4f7e-4f0e-9d52-3c1f0d2e8a11"

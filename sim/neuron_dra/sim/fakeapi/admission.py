@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from .builtin_pruning import prune_builtin
-from .builtin_validation import validate_builtin, validate_object_meta
 from .crds import crd_errors
+from .crdschema.schema import CRDSchema
 from .errors import status
 from .registry import Registry
 from .rejections import bad_request, invalid
 from .resource_types import CRD_KEY, NS_KEY, ResourceType
-from .schema import CRDSchema
 from .store import JSON, ApiError, Store
+from .validation.builtin import validate_builtin, validate_object_meta
 
 # Names the real server validates differently from the DNS-subdomain default.
 _NAME_RULES = {"namespaces": "dns-label", "events": "path-segment"}

@@ -21,7 +21,6 @@ from .admission import (
     prepare_custom,
     validate,
 )
-from .builtin_validation import apply_builtin_defaults
 from .collector import after_removal, check_owners_later, later, orphan, purge_namespace
 from .crds import register_crd, set_crd_status
 from .deletion import plan_delete, removed_by_update
@@ -30,6 +29,7 @@ from .registry import Registry
 from .rejections import bad_request, conflict, invalid, not_found, precondition_failed
 from .resource_types import CRD_KEY, NS_KEY, POD_KEY, ResourceType
 from .store import JSON, ApiError, Store
+from .validation.builtin import apply_builtin_defaults
 
 # Built-ins whose server-side defaulting writes into nested objects.
 _DEFAULTED = frozenset({("resource.k8s.io", "resourceclaims"),

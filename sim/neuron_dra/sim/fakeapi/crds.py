@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .crdschema.schema import CRDSchema, SchemaError, validate_crd_manifest
 from .errors import INVALID, FieldError
 from .registry import Registry
 from .resource_types import PrinterColumn, ResourceType
-from .schema import CRDSchema, SchemaError, validate_crd_manifest
 from .store import JSON
 
 

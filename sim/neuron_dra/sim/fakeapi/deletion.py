@@ -21,7 +21,7 @@ the pod strategy's ``CheckGracefulDelete``), restated:
   generation bumped the first time) and stays until the finalizers are gone.
 
 Not modelled: the orphan/foreground finalizers the server adds for ``propagationPolicy``
-(the fake orphans or collects dependents itself, see ``server.ApiCore``).
+(the fake orphans or collects dependents itself, see ``core.ApiCore`` and ``collector``).
 """
 
 from __future__ import annotations

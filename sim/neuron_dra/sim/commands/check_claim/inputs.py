@@ -179,7 +179,7 @@ def claim_docs(objects: Iterable[Mapping[str, Any]], path: str) -> list[ClaimDoc
 
 def api_errors(doc: ClaimDoc) -> list[str]:
     """What the API server's validation would say about the (v1 form of the) object."""
-    from neuron_dra.sim.fakeapi.builtin_validation import (
+    from neuron_dra.sim.fakeapi.validation.builtin import (
         apply_builtin_defaults,
         validate_builtin,
     )

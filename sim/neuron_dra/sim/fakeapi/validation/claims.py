@@ -21,9 +21,9 @@ import json
 from typing import Any
 
 from neuron_dra.common.quantity import parse_quantity
-from neuron_dra.sim.fakeapi.device_selectors import compile_device_selector
 from neuron_dra.sim.fakeapi.errors import FORBIDDEN, FieldError
-from neuron_dra.sim.fakeapi.field_checks import (
+from neuron_dra.sim.fakeapi.validation.device_selectors import compile_device_selector
+from neuron_dra.sim.fakeapi.validation.fields import (
     child,
     get_dict,
     get_list,

@@ -20,7 +20,7 @@ from neuron_dra.sim.fakeapi.errors import (
     TYPE_INVALID,
     FieldError,
 )
-from neuron_dra.sim.fakeapi.name_formats import (
+from neuron_dra.sim.fakeapi.validation.names import (
     is_c_identifier,
     is_dns1123_label,
     is_dns1123_subdomain,

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_dra.sim.fakeapi.schema_cel import Rule, SchemaError, compile_rule, parse_field_path
+from neuron_dra.sim.fakeapi.crdschema.cel import Rule, SchemaError, compile_rule, parse_field_path
 
 __all__ = ["Node", "build_node", "child", "index", "map_key", "shown"]
 

@@ -1,7 +1,7 @@
 """CRD structural schemas for the fake kube-apiserver: pruning, defaulting and validation.
 
 A ``CRDSchema`` is compiled once per CRD version from ``openAPIV3Schema``
-(:mod:`.schema_build`; every CEL rule is compiled up front, so a bad rule fails at server
+(:mod:`.build`; every CEL rule is compiled up front, so a bad rule fails at server
 start, as ``kubectl apply`` of the CRD would). The server calls, in this order, the same steps
 kube-apiserver runs on a write::
 
@@ -11,7 +11,7 @@ kube-apiserver runs on a write::
 
 ``apiVersion``, ``kind`` and ``metadata`` at the root are never pruned, defaulted or validated
 here; the server validates ObjectMeta itself. What validation copies of the real server is
-listed in :mod:`.schema_validate`; the keywords the fake refuses in :mod:`.schema_build`.
+listed in :mod:`.validate`; the keywords the fake refuses in :mod:`.build`.
 
 ``validate_crd_manifest`` checks a CRD's own fields and that its schemas compile here; whether
 a schema is structural and its defaults valid is the real API server's to judge (docs/sim.md).
@@ -23,10 +23,10 @@ import copy
 import json
 from typing import Any
 
+from neuron_dra.sim.fakeapi.crdschema.build import Node, build_node, child, index
+from neuron_dra.sim.fakeapi.crdschema.cel import SchemaError
+from neuron_dra.sim.fakeapi.crdschema.validate import ROOT_RESERVED, validate_node
 from neuron_dra.sim.fakeapi.errors import FieldError
-from neuron_dra.sim.fakeapi.schema_build import Node, build_node, child, index
-from neuron_dra.sim.fakeapi.schema_cel import SchemaError
-from neuron_dra.sim.fakeapi.schema_validate import ROOT_RESERVED, validate_node
 
 __all__ = ["CRDSchema", "SchemaError", "validate_crd_manifest"]
 

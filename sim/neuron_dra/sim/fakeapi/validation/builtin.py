@@ -13,7 +13,7 @@ Division of work with the server:
   ``generateName`` first).
 * ``apply_builtin_defaults`` fills the defaults the real server applies before validation.
 * ``validate_builtin`` checks spec/status of the ``resource.k8s.io/v1`` kinds (``[]`` for other
-  kinds): claims, templates and classes in full (:mod:`.claim_validation`), ResourceSlices as
+  kinds): claims, templates and classes in full (:mod:`.claims`), ResourceSlices as
   far as the fake tier relies on it (below). It treats absent defaulted fields as defaulted, so
   forgetting ``apply_builtin_defaults`` does not produce bogus errors.
 
@@ -29,14 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from neuron_dra.sim.fakeapi.claim_validation import (
+from neuron_dra.sim.fakeapi.errors import FORBIDDEN, FieldError
+from neuron_dra.sim.fakeapi.validation.claims import (
     apply_claim_defaults,
     validate_device_class,
     validate_resource_claim,
     validate_resource_claim_template,
 )
-from neuron_dra.sim.fakeapi.errors import FORBIDDEN, FieldError
-from neuron_dra.sim.fakeapi.field_checks import (
+from neuron_dra.sim.fakeapi.validation.fields import (
     child,
     get_dict,
     get_list,
@@ -54,7 +54,7 @@ from neuron_dra.sim.fakeapi.field_checks import (
     validate_pool_name,
     validate_set,
 )
-from neuron_dra.sim.fakeapi.name_formats import (
+from neuron_dra.sim.fakeapi.validation.names import (
     is_dns1123_label,
     is_dns1123_subdomain,
     is_path_segment,

@@ -1,4 +1,4 @@
-"""Validation of a custom resource against its compiled schema (``schema_build.Node``), as
+"""Validation of a custom resource against its compiled schema (``build.Node``), as
 kube-apiserver does it: types, the keyword checks, list-map keys, required fields and CEL rules,
 with the real server's paths and messages.
 
@@ -24,6 +24,8 @@ import json
 import re
 from typing import Any
 
+from neuron_dra.sim.fakeapi.crdschema.build import Node, child, index, map_key, shown
+from neuron_dra.sim.fakeapi.crdschema.cel import evaluate_rule, parse_field_path
 from neuron_dra.sim.fakeapi.errors import (
     DUPLICATE,
     INVALID,
@@ -34,8 +36,6 @@ from neuron_dra.sim.fakeapi.errors import (
     TYPE_INVALID,
     FieldError,
 )
-from neuron_dra.sim.fakeapi.schema_build import Node, child, index, map_key, shown
-from neuron_dra.sim.fakeapi.schema_cel import evaluate_rule, parse_field_path
 
 __all__ = ["ROOT_RESERVED", "validate_node"]
 
