@@ -46,7 +46,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     UnprepareResult,
     socket_paths,
 )
-from neuron_dra.nodeplugin.kubeletclient import KubeletClient, discover, pick_service
+from neuron_dra.sim.kubeletclient import KubeletClient, discover, pick_service
 
 DRIVER = "neuron.aws.com"
 VERSIONS = ["v1", "v1beta1"]

@@ -27,9 +27,9 @@ import pytest_asyncio
 from kubernetes_asyncio import client as k8s
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
-from neuron_dra.nodeplugin.kubeletclient import DraPlugin, KubeletClient
 from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.kubeletclient import DraPlugin, KubeletClient
 
 DRIVER = "neuron.aws.com"
 STEP = 15.0  # generous bound for one awaited condition on a loaded 2-core machine

@@ -1,7 +1,7 @@
 """A simulated kubelet: registers the node's DRA plugins and prepares claims of its pods.
 
 It follows what the kubelet does for DRA (reference/kubelet-dra.md §4), over the plugin's real
-gRPC sockets through :class:`~neuron_dra.nodeplugin.kubeletclient.KubeletClient`:
+gRPC sockets through :class:`~neuron_dra.sim.kubeletclient.KubeletClient`:
 
 - registration: scan the registration directory until a plugin registers;
 - a pod bound to the node (watched with ``fieldSelector=spec.nodeName=<node>``): resolve its
@@ -42,7 +42,7 @@ from neuron_dra.nodeplugin.kubeletapi.model import (
     PluginCallError,
     PreparedDevice,
 )
-from neuron_dra.nodeplugin.kubeletclient import KubeletClient
+from neuron_dra.sim.kubeletclient import KubeletClient
 
 from .base import (
     CDI_DEVICES_ANNOTATION,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
-from neuron_dra.nodeplugin.kubeletclient import DraPlugin, KubeletClient
+from neuron_dra.sim.kubeletclient import DraPlugin, KubeletClient
 from neuron_dra.sim.peerbuild import peer_binary
 
 from .stats import DriverFigures

@@ -12,7 +12,7 @@ from typing import Any
 
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
-from neuron_dra.nodeplugin.kubeletclient import KubeletClient
+from neuron_dra.sim.kubeletclient import KubeletClient
 
 from .apiserver import published_at
 from .driver import SETPRIV, Driver

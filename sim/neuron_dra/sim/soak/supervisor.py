@@ -8,7 +8,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-from neuron_dra.nodeplugin.kubeletclient import KubeletClient
+from neuron_dra.sim.kubeletclient import KubeletClient
 from neuron_dra.sim.soak.children import PLUGIN, Child, popen
 from neuron_dra.sim.soak.options import CONTROL_PLANE
 
