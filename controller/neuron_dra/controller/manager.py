@@ -308,7 +308,7 @@ class ControllerManager:
     def _on_claim(self, claim: JsonDict) -> None:
         """A workload's claim was allocated (or changed): its workload checks that it landed on
         one of its nodes (a stale tag can mislead the scheduler after a move). A claim whose
-        workload is gone is queued for deletion (see ``_delete_orphan_claims``)."""
+        workload is gone is queued for deletion (see ``workloads.orphans.delete_orphan_claims``)."""
         meta = claim.get("metadata") or {}
         wid = (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID)
         if not wid or meta.get("deletionTimestamp"):
