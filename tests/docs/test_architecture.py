@@ -212,3 +212,51 @@ def test_the_product_wheel_leaves_the_simulation_out() -> None:
     sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text(encoding="utf-8"))
     assert sim["project"]["scripts"]["neuron-dra"] == "neuron_dra.sim.cli:main"
     assert sim["project"]["dependencies"] == [f"neuron-dra=={product['project']['version']}"]
+
+
+def read_module_map(text: str) -> list[Path]:
+    """The paths of the doc's module map. In a row's first cell the first path is relative to
+    the checkout; the further names are siblings of the first (``main.py``, ``manager.py``)."""
+    block = re.search(r"<!-- module-map -->(.*?)<!-- /module-map -->", text, re.S)
+    assert block, "docs/architecture.md lost its <!-- module-map --> table"
+    paths: list[Path] = []
+    for line in block.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        names = re.findall(r"`([\w./-]+)`", cells[0]) if cells and cells[0] else []
+        if not names:
+            continue
+        first = ROOT / names[0]
+        paths.append(first)
+        paths.extend(first.parent / name for name in names[1:])
+    assert paths, "the module map has no rows"
+    return paths
+
+
+MODULE_MAP = read_module_map(DOC.read_text(encoding="utf-8"))
+
+
+def test_the_module_map_names_only_what_exists() -> None:
+    missing = [str(p.relative_to(ROOT)) for p in MODULE_MAP if not p.exists()]
+    assert not missing, f"docs/architecture.md's module map names what is gone: {missing}"
+
+
+def test_every_module_has_a_place_in_the_module_map() -> None:
+    homeless = [
+        str(path.relative_to(ROOT))
+        for path in package_modules()
+        if not (path.name == "__init__.py" and path.parent.parent.name == "neuron_dra")
+        and not any(path == p or (p.is_dir() and p in path.parents) for p in MODULE_MAP)
+    ]
+    assert not homeless, (
+        f"modules docs/architecture.md's module map does not place (add them to a row): {homeless}"
+    )
+
+
+def test_no_module_is_over_the_size_a_reader_holds_in_mind() -> None:
+    # Issue 14's rule: split by concern past ~600 lines (generated protobuf code aside).
+    too_long = {
+        str(path.relative_to(ROOT)): n
+        for path in package_modules()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert not too_long, f"modules over 600 lines, split them by concern: {too_long}"
