@@ -10,6 +10,7 @@ a dependency), and so does any string that names a module of a forbidden room (a
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -260,3 +261,49 @@ def test_no_module_is_over_the_size_a_reader_holds_in_mind() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600
     }
     assert not too_long, f"modules over 600 lines, split them by concern: {too_long}"
+
+
+def python_scripts() -> list[Path]:
+    """The Python scripts under hack/ (no .py suffix: they are commands)."""
+    return [
+        path
+        for path in sorted((ROOT / "hack").rglob("*"))
+        if path.is_file()
+        and path.suffix in ("", ".py")
+        and path.read_text(encoding="utf-8", errors="replace").startswith("#!/usr/bin/env python")
+    ]
+
+
+def _resolves(name: str) -> bool:
+    """``name`` is a module, or a module's attribute (``pkg.mod.Name`` of ``from pkg.mod import
+    Name``)."""
+    module, _, attribute = name, "", ""
+    while module:
+        try:
+            if importlib.util.find_spec(module) is not None:
+                break
+        except (ModuleNotFoundError, AttributeError):  # a parent is a module, not a package
+            pass
+        module, _, tail = module.rpartition(".")
+        attribute = tail if not attribute else f"{tail}.{attribute}"
+    if not module.startswith("neuron_dra."):
+        return False
+    if not attribute:
+        return True
+    return hasattr(importlib.import_module(module), attribute.split(".")[0])
+
+
+def test_hack_scripts_import_only_what_exists() -> None:
+    """The scripts are not imported by any test, so a module that moves would break them
+    silently (hack/bench/prepare did once): every neuron_dra name they import must exist."""
+    scripts = python_scripts()
+    assert len(scripts) >= 5, scripts
+    broken = [
+        f"{script.relative_to(ROOT)}:{line}: {name}"
+        for script in scripts
+        for line, name in imported_names(
+            ast.parse(script.read_text(encoding="utf-8"), filename=str(script)), "hack.script"
+        )
+        if name.startswith("neuron_dra.") and not _resolves(name)
+    ]
+    assert not broken, f"hack scripts import what does not exist: {broken}"
