@@ -2,7 +2,7 @@
 kube-apiserver of a pinned minor, the chart's ServiceAccounts' tokens (TokenRequest), and
 comparisons of what the chart renders with what the API server holds.
 
-Used by test_install.py, test_security.py and test_identity_flow.py; each test module owns
+Used by test_helm_install.py, test_security.py and test_identity_flow.py; each test module owns
 its control plane (flags such as the audit log differ, and installing the chart's cluster-wide
 objects into the session's shared control plane would change what other tests run under).
 """
