@@ -30,72 +30,30 @@ Write discipline (reference/anchors.md §6: status-write storms, stuck deletions
 written when the desired object equals the cached one, ``lastTransitionTime`` only moves when a
 condition's status flips, and NUS objects carry no finalizer, so deleting one never hangs.
 
-This ``__init__`` is the package's API: the names the manager and the tests use.
+This ``__init__`` is the package's API: the names the manager and the tests use (the rest is
+imported from its module).
 """
 
-from .fields import NodeState, is_neuron_slice, node_state, slice_node_name, slice_ultraserver_id
-from .grouping import DesiredUltraServer, LinkStatus, MemberNode, group_ultraservers
-from .keys import (
-    SLICE_INDEX_NODE,
-    SLICE_INDEX_ULTRASERVER,
-    ensure_slice_indexes,
-    keys_for_node,
-    keys_for_slice,
-    keys_for_ultraserver,
-)
+from .fields import node_state, slice_ultraserver_id
+from .grouping import DesiredUltraServer, group_ultraservers
+from .keys import keys_for_node, keys_for_slice, keys_for_ultraserver
 from .naming import (
     ANNOTATION_ULTRASERVER_ID,
     LABEL_ULTRASERVER_ID,
     nus_name,
-    ultraserver_id_of,
     ultraserver_label_value,
 )
 from .reconciler import UltraServerDiscovery
-from .spec import TopologyPlan, desired_nus, desired_topology, plan_topology
-from .status import (
-    CONDITION_DEGRADED,
-    CONDITION_READY,
-    Health,
-    Reason,
-    allocated_nodes,
-    allocation_refs,
-    assess,
-    desired_state,
-    desired_status,
-    format_time,
-    get_condition,
-    has_allocations,
-    set_condition,
-)
+from .spec import plan_topology
+from .status import desired_status, set_condition
 
 __all__ = [
     "ANNOTATION_ULTRASERVER_ID",
-    "CONDITION_DEGRADED",
-    "CONDITION_READY",
     "LABEL_ULTRASERVER_ID",
-    "SLICE_INDEX_NODE",
-    "SLICE_INDEX_ULTRASERVER",
     "DesiredUltraServer",
-    "Health",
-    "LinkStatus",
-    "MemberNode",
-    "NodeState",
-    "Reason",
-    "TopologyPlan",
     "UltraServerDiscovery",
-    "allocated_nodes",
-    "allocation_refs",
-    "assess",
-    "desired_nus",
-    "desired_state",
     "desired_status",
-    "desired_topology",
-    "ensure_slice_indexes",
-    "format_time",
-    "get_condition",
     "group_ultraservers",
-    "has_allocations",
-    "is_neuron_slice",
     "keys_for_node",
     "keys_for_slice",
     "keys_for_ultraserver",
@@ -103,8 +61,6 @@ __all__ = [
     "nus_name",
     "plan_topology",
     "set_condition",
-    "slice_node_name",
     "slice_ultraserver_id",
-    "ultraserver_id_of",
     "ultraserver_label_value",
 ]

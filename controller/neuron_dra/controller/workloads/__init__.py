@@ -32,6 +32,7 @@ The modules, pure decisions first:
 - :mod:`.fleet`: the reads: caches with our own writes overlaid, the free-unit index;
 - :mod:`.writes`: the writes to NeuronUltraServers and workloads;
 - :mod:`.generated`: the generated template and the claims made from it;
+- :mod:`.tools`: what every step works with (client, caches, clock, timing, metrics);
 - the steps: :mod:`.allocate`, :mod:`.repair` (interrupted allocations, failure
   strategies), :mod:`.release` (deletion), :mod:`.orphans` (what a gone workload left);
 - :mod:`.reconciler`: :class:`WorkloadReconciler`, whose sync calls the steps.
@@ -39,7 +40,7 @@ The modules, pure decisions first:
 This ``__init__`` is the package's API: the names the manager and the tests use.
 """
 
-from .entries import holdings, nus_status_with, split_holdings
+from .entries import nus_status_with, split_holdings
 from .health import carries_tag, node_problem, node_ready
 from .model import (
     ALLOCATED,
@@ -48,10 +49,8 @@ from .model import (
     FAILED,
     PARTIALLY_ALLOCATED,
     PENDING,
-    AllocationRaceError,
     Cond,
     Held,
-    ReconcileResult,
     orphan_claims_key,
 )
 from .reconciler import WorkloadReconciler
@@ -65,16 +64,13 @@ __all__ = [
     "FAILED",
     "PARTIALLY_ALLOCATED",
     "PENDING",
-    "AllocationRaceError",
     "Cond",
     "Held",
-    "ReconcileResult",
     "StatusUpdate",
     "Validator",
     "WorkloadReconciler",
     "carries_tag",
     "desired_workload_status",
-    "holdings",
     "node_problem",
     "node_ready",
     "nus_status_with",

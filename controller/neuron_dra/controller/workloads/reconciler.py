@@ -145,15 +145,6 @@ class WorkloadReconciler:
             if isinstance(e, Mapping) and e.get("workloadRef")
         }
 
-    def keys_for_node(self, node_name: str) -> set[str]:
-        """Workloads holding ``node_name``."""
-        return {
-            str(e.get("workloadRef"))
-            for nus in self.fleet.ultraservers()
-            for e in status_of(nus).get("allocations") or []
-            if isinstance(e, Mapping) and node_name in (e.get("allocatedNodes") or [])
-        }
-
     def pending_keys(self) -> list[str]:
         """Workloads waiting for capacity, first come first: requeue them when capacity may
         have appeared (a NeuronUltraServer, slice or node changed)."""

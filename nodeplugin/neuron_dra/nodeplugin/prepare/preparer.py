@@ -196,10 +196,6 @@ class Preparer:
         """Recover once (:meth:`NodeState.start`); Prepare/Unprepare call it too."""
         await self._state.start(lock_timeout=lock_timeout)
 
-    async def recover(self, *, lock_timeout: float | None = None) -> None:
-        """Make disk consistent with the checkpoint (:meth:`NodeState.recover`)."""
-        await self._state.recover(lock_timeout=lock_timeout)
-
     async def drain(self) -> None:
         """Wait for node-locked work whose callers were cancelled (call before exiting)."""
         await self._state.drain()
