@@ -34,7 +34,7 @@ COPY proto/ proto/
 # `pip wheel .` builds our wheel (hatchling) and collects wheels for all runtime dependencies,
 # so the runtime stage installs offline and needs no compiler. The slim image has no compiler
 # either: every dependency must publish a wheel for the target platform (they do for
-# linux/amd64; check cel-expr-python and grpcio before building for another one).
+# linux/amd64; check grpcio and pydantic-core before building for another one).
 RUN pip wheel --wheel-dir /wheels .
 
 # --- runtime -----------------------------------------------------------------------------------

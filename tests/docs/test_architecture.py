@@ -10,6 +10,7 @@ a dependency), and so does any string that names a module of a forbidden room (a
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 import re
 import subprocess
@@ -212,7 +213,56 @@ def test_the_product_wheel_leaves_the_simulation_out() -> None:
     assert "neuron-dra" not in product["project"]["scripts"]
     sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text(encoding="utf-8"))
     assert sim["project"]["scripts"]["neuron-dra"] == "neuron_dra.sim.cli:main"
-    assert sim["project"]["dependencies"] == [f"neuron-dra=={product['project']['version']}"]
+    assert sim["project"]["dependencies"][0] == f"neuron-dra=={product['project']['version']}"
+
+
+def _dist(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert name, requirement
+    return re.sub(r"[-_.]+", "-", name.group(0)).lower()
+
+
+def _closure(dists: set[str]) -> set[str]:
+    """The distributions ``dists`` install, their own requirements included (extras aside)."""
+    seen: set[str] = set()
+    todo = list(dists)
+    while todo:
+        dist = todo.pop()
+        if dist in seen:
+            continue
+        try:
+            requires = importlib.metadata.requires(dist) or []
+        except importlib.metadata.PackageNotFoundError:  # a marker left it out here
+            continue
+        seen.add(dist)
+        for req in requires:
+            if "extra ==" not in req:
+                todo.append(_dist(req))
+    return seen
+
+
+def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
+    """The image installs the product's dependencies on every node: each must be imported by
+    product code (anyio, cel-expr-python and jsonpatch were not, once the simulation moved
+    out), and every third-party import of product code must be installed by them."""
+    product = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = {_dist(r) for r in product["project"]["dependencies"]}
+    by_module = importlib.metadata.packages_distributions()
+    imported: dict[str, set[str]] = {}
+    for room in PRODUCT_ROOMS:
+        for path in (ROOT / room / "neuron_dra").rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for _, name in imported_names(tree, module_name(path)):
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("neuron_dra", "__future__", ""):
+                    continue
+                dists = {_dist(d) for d in by_module.get(top, [top])}
+                imported.setdefault(top, set()).update(dists)
+    unused = declared - {d for dists in imported.values() for d in dists}
+    assert not unused, f"product dependencies no product module imports: {sorted(unused)}"
+    installed = _closure(declared)
+    undeclared = {top: d for top, d in imported.items() if not d & installed}
+    assert not undeclared, f"product imports nothing in its dependencies installs: {undeclared}"
 
 
 def read_module_map(text: str) -> list[Path]:
