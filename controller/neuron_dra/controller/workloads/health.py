@@ -6,39 +6,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from neuron_dra.common.constants import (
-    ATTR_HEALTHY,
-    ATTR_ULTRASERVER_MODES,
-    ATTR_WORKLOAD_ID,
-    ATTRIBUTE_DOMAIN,
-)
+from neuron_dra.common.constants import ATTR_HEALTHY, ATTR_ULTRASERVER_MODES, ATTR_WORKLOAD_ID
+from neuron_dra.controller.discovery.fields import attribute as attr
+from neuron_dra.controller.discovery.fields import devices_of, node_state
 
-from .model import spec_of, status_of
-
-
-def attr(device: Mapping[str, Any], name: str) -> Any:
-    """A device attribute's value under either spelling (bare or domain-qualified)."""
-    attrs = device.get("attributes") or {}
-    value = attrs.get(name)
-    if value is None:
-        value = attrs.get(f"{ATTRIBUTE_DOMAIN}/{name}")
-    if isinstance(value, Mapping) and len(value) == 1:
-        return next(iter(value.values()))
-    return None
+# The defensive readers of slices and Nodes are discovery's (discovery/fields.py): one reading
+# of "attribute", "devices" and "Ready" for the whole controller.
 
 
 def devices(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [d for s in slices for d in (spec_of(s).get("devices") or []) if isinstance(d, Mapping)]
+    return [d for s in slices for d in devices_of(s)]
 
 
 def node_ready(node: Mapping[str, Any] | None) -> bool:
     """Ready condition True. Unknown (kubelet silent) is not ready: nobody vouches for it."""
-    if node is None:
-        return False
-    for cond in status_of(node).get("conditions") or []:
-        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return False
+    return node_state(node) == "Ready"
 
 
 def node_problem(node: Mapping[str, Any] | None, slices: Sequence[Mapping[str, Any]]) -> str | None:
