@@ -35,8 +35,10 @@ from .gobuild import (
 )
 
 CACHE_ENV = "NEURON_DRA_K8S_CACHE"
+CONTAINERD = "containerd"
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
 HACK_DIR_ENV = "NEURON_DRA_K8S_HACK_DIR"
-KUBE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The minor the seeds target; CI always runs it.
 BASE_MINOR = "1.34"
 
@@ -49,6 +51,7 @@ class Module:
     name: str  # "1.34", "1.37" or "helm"
     version: str  # the pinned release: v1.34.12, v3.19.5
     go_sum_hash: str
+    packages: tuple[str, ...]  # the main packages go.mod's ``tool`` block names
 
     @property
     def bin_dir(self) -> Path:
@@ -56,12 +59,37 @@ class Module:
 
     @property
     def binaries(self) -> tuple[str, ...]:
-        if self.name == "helm":
-            return ("helm",)
-        return (*KUBE_COMPONENTS, "etcd")
+        return tuple(binary_name(p) for p in self.packages)
+
+    @property
+    def has_control_plane(self) -> bool:
+        """A minor pinned for its nodes only (its kubelet, run against a newer control
+        plane as the version-skew policy allows) builds no control plane."""
+        return all(b in self.binaries for b in CONTROL_PLANE)
 
     def built(self) -> bool:
         return all((self.bin_dir / b).is_file() for b in self.binaries)
+
+
+def binary_name(package: str) -> str:
+    """The file a main package builds: ``k8s.io/kubernetes/cmd/kubelet`` -> ``kubelet``,
+    etcd's server module -> ``etcd``."""
+    if package == "go.etcd.io/etcd/server/v3":
+        return "etcd"
+    return package.rstrip("/").rsplit("/", 1)[-1]
+
+
+def tool_packages(go_mod: str) -> tuple[str, ...]:
+    """The packages of go.mod's ``tool ( ... )`` block (or ``tool x`` lines), in order."""
+    block = re.search(r"^tool\s*\((.*?)^\)", go_mod, re.MULTILINE | re.DOTALL)
+    lines = block.group(1).splitlines() if block else []
+    lines += [m.group(1) for m in re.finditer(r"^tool\s+([^\s(]\S*)\s*$", go_mod, re.MULTILINE)]
+    packages = tuple(
+        line.strip() for line in lines if line.strip() and not line.strip().startswith("//")
+    )
+    if not packages:
+        raise BuildError("go.mod names no main package in a tool block")
+    return packages
 
 
 def hack_dir() -> Path:
@@ -76,9 +104,14 @@ def cache_root() -> Path:
 def load_module(directory: Path) -> Module:
     go_mod, digest = read_go_mod(directory)
     if directory.name == "helm":
-        return Module(directory, "helm", required_version(go_mod, "helm.sh/helm/v3"), digest)
+        version = required_version(go_mod, "helm.sh/helm/v3")
+        return Module(directory, "helm", version, digest, ("helm.sh/helm/v3/cmd/helm",))
+    if directory.name == CONTAINERD:
+        version = required_version(go_mod, CONTAINERD_MODULE)
+        return Module(directory, CONTAINERD, version, digest, tool_packages(go_mod))
     version = required_version(go_mod, "k8s.io/kubernetes")
-    return Module(directory, directory.name.removeprefix("v"), version, digest)
+    name = directory.name.removeprefix("v")
+    return Module(directory, name, version, digest, tool_packages(go_mod))
 
 
 def kube_modules() -> list[Module]:
@@ -96,12 +129,22 @@ def kube_module(minor: str) -> Module:
     raise BuildError(f"no pinned Kubernetes {minor} under {hack_dir()} (pinned: {known})")
 
 
+def control_plane_modules() -> list[Module]:
+    """The pinned minors that build a whole control plane (the real tier's worlds)."""
+    return [m for m in kube_modules() if m.has_control_plane]
+
+
 def newest_minor() -> str:
-    return kube_modules()[-1].name
+    return control_plane_modules()[-1].name
 
 
 def helm_module() -> Module:
     return load_module(hack_dir() / "helm")
+
+
+def containerd_module() -> Module:
+    """containerd, ctr and the runc shim of the real nodes (one pin for every minor)."""
+    return load_module(hack_dir() / CONTAINERD)
 
 
 def _kube_ldflags(version: str, build_date: str) -> str:
@@ -132,14 +175,6 @@ def _helm_ldflags(version: str, kube_minor: str) -> str:
     return " ".join(flags)
 
 
-def _package_of(binary: str) -> str:
-    if binary == "etcd":
-        return "go.etcd.io/etcd/server/v3"
-    if binary == "helm":
-        return "helm.sh/helm/v3/cmd/helm"
-    return f"k8s.io/kubernetes/cmd/{binary}"
-
-
 _log = logger("hack/k8s")
 
 
@@ -148,12 +183,14 @@ def build(mod: Module, *, force: bool = False) -> Path:
     build_date = "1970-01-01T00:00:00Z"  # reproducible: the pin, not the clock, names a build
     if mod.name == "helm":
         ldflags = _helm_ldflags(mod.version, BASE_MINOR)
+    elif mod.name == CONTAINERD:
+        ldflags = f"-s -w -X {CONTAINERD_MODULE}/version.Version={mod.version}"
     else:
         ldflags = _kube_ldflags(mod.version, build_date)
     return staged_go_build(
         mod.directory,
         mod.bin_dir,
-        [GoBinary(b, _package_of(b), ldflags) for b in mod.binaries],
+        [GoBinary(binary_name(p), p, ldflags) for p in mod.packages],
         reuse=mod.built() and not force,
         label=f"{mod.name} {mod.version}",
         log=_log,
@@ -164,11 +201,13 @@ def build(mod: Module, *, force: bool = False) -> Path:
 
 def _selected(version: str) -> list[Module]:
     if version == "all":
-        return [*kube_modules(), helm_module()]
+        return [*kube_modules(), helm_module(), containerd_module()]
     if version == "newest":
         return [kube_module(newest_minor())]
     if version == "helm":
         return [helm_module()]
+    if version == CONTAINERD:
+        return [containerd_module()]
     match = re.match(r"v?(\d+\.\d+)", version)
     if not match:
         raise BuildError(f"--version {version!r}: give a minor such as 1.34, 'newest' or 'all'")
@@ -184,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--version",
         default="all",
-        help="a pinned minor (1.34, 1.37), 'newest', 'helm' or 'all' (default)",
+        help="a pinned minor (1.34, 1.37), 'newest', 'helm', 'containerd' or 'all' (default)",
     )
     add_build_flags(
         parser,

@@ -24,6 +24,7 @@ from .identities import (
     ADMIN,
     KUBE_CONTROLLER_MANAGER,
     KUBE_SCHEDULER,
+    KUBELET_CLIENT,
     SA_ISSUER,
     CertificateAuthority,
     Identity,
@@ -42,6 +43,7 @@ from .processes import (
     launch,
     tail,
     terminate,
+    with_hosts_file,
 )
 from .profiles import profile_for
 
@@ -130,6 +132,28 @@ class RealControlPlane:
         }
 
     @property
+    def ca_cert(self) -> Path:
+        """The run's CA: it signed the serving certificate and every client's."""
+        return self._ca.cert
+
+    @property
+    def hosts_file(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "hosts"
+
+    def add_node_names(self, names: Sequence[str]) -> None:
+        """Make ``names`` resolve to 127.0.0.1 for the API server (real nodes' kubelets).
+
+        Written in place (the API server's /etc/hosts is this file, bind-mounted). Go's
+        resolver re-reads a changed hosts file at most every 5 s, so a name added now may
+        resolve a few seconds later: callers of ``kubectl exec``/``logs`` retry on it."""
+        known = set(self.hosts_file.read_text().split())
+        new = [n for n in names if n not in known]
+        if new:
+            with self.hosts_file.open("a") as f:
+                f.writelines(f"127.0.0.1 {n}\n" for n in new)
+
+    @property
     def log_dir(self) -> Path:
         assert self.workdir is not None
         return self.workdir / "logs"
@@ -179,6 +203,10 @@ class RealControlPlane:
         self._ca = CertificateAuthority(pki)
         self._admin_pair = self._ca.client(ADMIN)
         serving_crt, serving_key = self._ca.server("apiserver", ["127.0.0.1", "localhost"])
+        # The API server reaches a node's kubelet (logs, exec) by the node's name, which
+        # must resolve to 127.0.0.1: it reads a hosts file of its own (add_node_names).
+        self.hosts_file.write_text("127.0.0.1 localhost\n")
+        kubelet_client_crt, kubelet_client_key = self._ca.client(KUBELET_CLIENT)
         sa_key = pki / "sa.key"
         openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(sa_key))
         profile = profile_for(self.minor)
@@ -219,10 +247,16 @@ class RealControlPlane:
                 "--profiling=false",
                 "--feature-gates", gates,
                 "--runtime-config", ",".join(profile.runtime_config),
+                # Real nodes: their kubelets serve on loopback under the node's name.
+                "--kubelet-preferred-address-types", "Hostname",
+                "--kubelet-client-certificate", str(kubelet_client_crt),
+                "--kubelet-client-key", str(kubelet_client_key),
                 *self.apiserver_args,
             ],
             f"{self.url}/readyz",
         )  # fmt: skip
+        apiserver = self._components[APISERVER]
+        apiserver.argv = with_hosts_file(self.hosts_file, apiserver.argv)
         for name, identity in (
             (CONTROLLER_MANAGER, KUBE_CONTROLLER_MANAGER),
             (SCHEDULER, KUBE_SCHEDULER),

@@ -28,6 +28,8 @@ class Identity:
 ADMIN = Identity("neuron-dra-admin", ("system:masters",))
 KUBE_CONTROLLER_MANAGER = Identity("system:kube-controller-manager")
 KUBE_SCHEDULER = Identity("system:kube-scheduler")
+#: The API server's identity towards kubelets (logs, exec), as kubeadm names it.
+KUBELET_CLIENT = Identity("kube-apiserver-kubelet-client", ("kubeadm:cluster-admins",))
 
 
 def node_identity(node: str) -> Identity:

@@ -17,9 +17,9 @@ class RealTierUnavailable(Exception):
 
 
 def enabled_minors() -> list[str]:
-    from ..kubebuild import kube_modules
+    from ..kubebuild import control_plane_modules
 
-    pinned = [m.name for m in kube_modules()]
+    pinned = [m.name for m in control_plane_modules()]
     wanted = os.environ.get(MINORS_ENV, "all")
     if wanted == "all":
         return pinned

@@ -1,0 +1,312 @@
+"""One real Kubernetes node on this machine: its own containerd and kubelet (built from the
+pinned modules), runc, cgroup root, ports and directories, in a mount namespace of its own
+(:mod:`.layout`). The kubelet registers the Node with the node's identity
+(``system:node:<name>``: the Node authorizer and NodeRestriction judge it) and runs real
+containers; processes of ours started with :meth:`RealNode.spawn` (the kubelet plugin) live
+in the same namespace and see what a DaemonSet pod's hostPaths would.
+
+    node = RealNode(spec, bins, workdir / "trn2-0")
+    node.start()      # containerd serving, images imported, kubelet healthy
+    node.kill(KUBELET); node.restart(KUBELET)
+    node.reboot()     # everything stops, a new boot id, everything starts again
+    node.stop()       # nothing of the node is left: processes, mounts, cgroups
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from neuron_dra.sim.realcluster.processes import Component, tail
+
+from . import cgroups
+from .configs import cni_conflist, containerd_config, kubelet_config
+from .images import SANDBOX_IMAGE
+from .layout import NodeLayout
+from .namespace import MountNamespace, NodeError, die_with_us, set_boot_id, write_proc_sys
+
+CONTAINERD = "containerd"
+KUBELET = "kubelet"
+COMPONENTS = (CONTAINERD, KUBELET)
+_SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """The kubelet of the node's minor and the containerd build (containerd, ctr, shim)."""
+
+    kubelet: Path
+    containerd_dir: Path
+
+    @property
+    def ctr(self) -> Path:
+        return self.containerd_dir / "ctr"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What the node is: its name, labels, ports, cgroup root and how it reaches the API."""
+
+    name: str
+    kubeconfig: Path  # the node's identity, system:node:<name>
+    client_ca: Path  # the CA whose client certificates (the API server's) may call the kubelet
+    kubelet_port: int
+    healthz_port: int
+    cgroup_root: str
+    images: Path  # the image archive (images.build_images)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    verbosity: int = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RealNode:
+    def __init__(
+        self, spec: NodeSpec, bins: NodeBinaries, root: Path, *, ready_limit: float = 60.0
+    ) -> None:
+        self.spec = spec
+        self.bins = bins
+        self.layout = NodeLayout(spec.name, root)
+        self.ready_limit = ready_limit
+        self.namespace = MountNamespace(self.layout)
+        self.components: dict[str, Component] = {}
+        self.spawned: dict[str, Component] = {}
+        self.boot_id = str(uuid.uuid4())
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> RealNode:
+        try:
+            self._prepare()
+            self._boot()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _prepare(self) -> None:
+        for d in self.layout.directories():
+            d.mkdir(parents=True, exist_ok=True)
+        write_proc_sys(self.layout, self.boot_id)
+        cfg = self.layout.config_dir
+        (cfg / "containerd.toml").write_text(
+            containerd_config(self.layout, sandbox_image=SANDBOX_IMAGE)
+        )
+        (cfg / "cni").mkdir(exist_ok=True)
+        (cfg / "cni" / "10-lo.conflist").write_text(json.dumps(cni_conflist()))
+        kubelet_yaml = kubelet_config(
+            port=self.spec.kubelet_port,
+            healthz_port=self.spec.healthz_port,
+            cgroup_root="/" + self.spec.cgroup_root,
+            client_ca=self.spec.client_ca,
+            feature_gates=self.spec.feature_gates,
+        )
+        (cfg / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_yaml))
+        log = self.layout.log_dir
+        self.components[CONTAINERD] = Component(
+            CONTAINERD,
+            [
+                "env", f"PATH={self.bins.containerd_dir}:{_SYSTEM_PATH}",
+                str(self.bins.containerd_dir / "containerd"),
+                "--config", str(cfg / "containerd.toml"),
+            ],
+            log / "containerd.log",
+            None,
+        )  # fmt: skip
+        labels = ",".join(f"{k}={v}" for k, v in sorted(self.spec.labels.items()))
+        self.components[KUBELET] = Component(
+            KUBELET,
+            [
+                str(self.bins.kubelet),
+                "--config", str(cfg / "kubelet.yaml"),
+                "--kubeconfig", str(self.spec.kubeconfig),
+                "--hostname-override", self.name,
+                *(["--node-labels", labels] if labels else []),
+                f"--v={self.spec.verbosity}",
+            ],
+            log / "kubelet.log",
+            f"http://127.0.0.1:{self.spec.healthz_port}/healthz",
+        )  # fmt: skip
+
+    def _boot(self) -> None:
+        """Namespace, cgroups, containerd (images imported), kubelet: in that order."""
+        self.namespace.start()
+        cgroups.create(self.spec.cgroup_root)
+        self._launch(self.components[CONTAINERD])
+        self._wait_containerd()
+        self._import_images()
+        self._launch(self.components[KUBELET])
+        self._wait_kubelet()
+
+    def stop(self) -> None:
+        """Stop the kubelet first (so it starts nothing new), then everything else of the
+        node: our spawned processes, containerd, the shims and the pods' processes."""
+        for comp in (self.components.get(KUBELET), *self.spawned.values()):
+            if comp is not None:
+                _terminate(comp)
+        comp = self.components.get(CONTAINERD)
+        if comp is not None:
+            _terminate(comp)
+        self.namespace.stop()
+        cgroups.remove(self.spec.cgroup_root)
+
+    def reboot(self) -> None:
+        """The node goes down hard and comes back with a new boot id: every process of the
+        node is killed (pods included), the node's disk (its directories) stays."""
+        for comp in (*self.spawned.values(), *self.components.values()):
+            _kill(comp)
+        self.namespace.stop()
+        cgroups.remove(self.spec.cgroup_root)
+        # What a reboot wipes: /run is a tmpfs on a real node.
+        run = self.layout.host_path("/run")
+        for child in sorted(run.rglob("*"), key=lambda p: -len(p.parts)):
+            if child.is_dir() and not child.is_symlink():
+                child.rmdir()
+            else:
+                child.unlink()
+        self.layout.cdi_dir.mkdir(parents=True, exist_ok=True)
+        self.boot_id = str(uuid.uuid4())
+        set_boot_id(self.layout, self.boot_id)
+        self._boot()
+
+    # --- components ------------------------------------------------------------------------
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal ``containerd`` or ``kubelet`` (SIGKILL by default) and reap it."""
+        comp = self.components[name]
+        if comp.proc is not None and comp.proc.poll() is None:
+            comp.proc.send_signal(sig)
+            comp.proc.wait(timeout=30)
+
+    def restart(self, name: str) -> None:
+        comp = self.components[name]
+        _terminate(comp)
+        comp.restarts += 1
+        self._launch(comp)
+        if name == CONTAINERD:
+            self._wait_containerd()
+        else:
+            self._wait_kubelet()
+
+    def running(self, name: str) -> bool:
+        comp = self.components.get(name) or self.spawned.get(name)
+        return comp is not None and comp.proc is not None and comp.proc.poll() is None
+
+    def spawn(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> Component:
+        """Start one of our processes inside the node (a kubelet plugin, say); its output goes
+        to ``logs/<name>.log``. Stopped with the node, or by :meth:`stop_spawned`."""
+        prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+        comp = Component(name, [*prefix, *argv], self.layout.log_dir / f"{name}.log", None)
+        self.spawned[name] = comp
+        self._launch(comp)
+        return comp
+
+    def stop_spawned(self, name: str, *, kill: bool = False) -> None:
+        comp = self.spawned.pop(name, None)
+        if comp is not None:
+            (_kill if kill else _terminate)(comp)
+
+    def _launch(self, comp: Component) -> None:
+        out = comp.log.open("ab")
+        try:
+            comp.proc = subprocess.Popen(
+                die_with_us(self.namespace.enter(comp.argv)),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            out.close()
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    def _wait(self, comp: Component, ready: object, what: str) -> None:
+        deadline = time.monotonic() + self.ready_limit
+        while time.monotonic() < deadline:
+            assert comp.proc is not None
+            if comp.proc.poll() is not None:
+                raise NodeError(
+                    f"node {self.name}: {comp.name} exited with {comp.proc.returncode}; "
+                    f"log {comp.log}:\n{tail(comp.log)}"
+                )
+            if callable(ready) and ready():
+                return
+            time.sleep(0.05)
+        raise NodeError(f"node {self.name}: {what} after {self.ready_limit:.0f} s; log {comp.log}")
+
+    def _wait_containerd(self) -> None:
+        sock = self.layout.containerd_socket
+
+        def serving() -> bool:
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.connect(str(sock))
+                except OSError:
+                    return False
+            return True
+
+        self._wait(self.components[CONTAINERD], serving, "containerd not serving")
+
+    def _wait_kubelet(self) -> None:
+        comp = self.components[KUBELET]
+        assert comp.health_url is not None
+        url = comp.health_url
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    return bool(r.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        self._wait(comp, healthy, "kubelet not healthy")
+
+    def _import_images(self) -> None:
+        proc = subprocess.run(
+            [str(self.bins.ctr), "--address", str(self.layout.containerd_socket),
+             "--namespace", "k8s.io", "images", "import", str(self.spec.images)],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise NodeError(f"node {self.name}: image import failed: {proc.stderr.strip()}")
+
+
+def _terminate(comp: Component, limit: float = 15.0) -> None:
+    proc = comp.proc
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=limit)
+
+
+def _kill(comp: Component) -> None:
+    proc = comp.proc
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
