@@ -18,7 +18,6 @@ from neuron_dra.sim.commands.walkthrough.seed000 import workload_for_sim
 from neuron_dra.sim.controlplane.workloads import PodSet
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
-from neuron_dra.sim.simcluster.topology import node_dns_name
 from neuron_dra.sim.worlds import cluster_kwargs, own_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -49,11 +48,11 @@ def state(sim: SimCluster) -> str | None:
     return None if w is None else (w.get("status") or {}).get("state")
 
 
-def ranks(walk: Walkthrough, pods: list[dict[str, Any]]) -> dict[int, tuple[str, str, str]]:
+async def ranks(walk: Walkthrough, pods: list[dict[str, Any]]) -> dict[int, tuple[str, str, str]]:
     """rank → (pod uid, node, rank-0 host)."""
     out = {}
     for pod in pods:
-        v = walk.view(pod)
+        v = await walk.view(pod)
         out[int(v.env["NEURON_GLOBAL_TOPOID"])] = (
             pod["metadata"]["uid"],
             v.node,
@@ -98,12 +97,12 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
         prefix, _hash, suffix = p["metadata"]["name"].rsplit("-", 2)
         assert prefix == "my-training-workload-deployment" and len(suffix) == 5, p
         assert p["metadata"]["labels"]["pod-template-hash"] == _hash
-    got = ranks(walk, pods)
+    got = await ranks(walk, pods)
     assert sorted(got) == list(range(8))
     nodes = [node for _, node, _ in got.values()]
     assert sorted(nodes) == tagged  # one pod per allocated node
     # One leader for every rank: rank 0's node, by the address its Node reports.
-    assert {host for _, _, host in got.values()} == {node_dns_name(got[0][1])}
+    assert {host for _, _, host in got.values()} == {sim.node_address(got[0][1])}
     # Ranks follow the units: the 4 nodes of an UltraServer hold 4 consecutive ranks.
     us_of = {n.name: n.ultraserver_id for n in sim.nodes}
     assert len({us_of[got[r][1]] for r in range(4)}) == 1
@@ -178,7 +177,7 @@ async def run_and_fail(
     await sim.apply(seed_workload(strategy))
     await allocated(sim)
     deploy = await sim.apply(deployment())
-    before = ranks(walk, await walk.running_workload(deploy))
+    before = await ranks(walk, await walk.running_workload(deploy))
     failed = before[5][1]
     await sim.fail_node(failed)
     us = next(n.ultraserver_id for n in sim.nodes if n.name == failed)
@@ -231,7 +230,7 @@ async def test_restart_all_reallocates_everything_and_restarts_every_pod(
         return None
 
     pods = await sim.wait_until(restarted, "8 new pods Running after RestartAll")
-    after = ranks(walk, pods)
+    after = await ranks(walk, pods)
     assert sorted(after) == list(range(8))
     nodes = {node for _, node, _ in after.values()}
     assert failed not in nodes
@@ -254,20 +253,24 @@ async def test_replace_affected_swaps_the_failed_unit_and_restarts_only_its_pods
     affected = {r for r, (_, node, _) in before.items() if us_of[node] == failed_us}
     assert affected == {4, 5, 6, 7}
 
+    kept = {before[r][0] for r in range(8) if r not in affected}
+    old = {uid for uid, _, _ in before.values()}
+
     def replaced() -> list[dict[str, Any]] | None:
         pods = sim.running_workload(deploy)
         if not pods or state(sim) != "Allocated":
             return None
-        now = ranks(walk, pods)
-        moved = {r for r in now if r in before and now[r][0] != before[r][0]}
-        return pods if sorted(now) == list(range(8)) and moved == affected else None
+        uids = {p["metadata"]["uid"] for p in pods}
+        return pods if len(uids) == 8 and uids & old == kept else None
 
-    after = ranks(walk, await sim.wait_until(replaced, "the failed unit's pods replaced"))
+    after = await ranks(walk, await sim.wait_until(replaced, "the failed unit's pods replaced"))
+    assert sorted(after) == list(range(8))
+    assert {r for r in after if after[r][0] != before[r][0]} == affected
     for r in range(4):
         assert after[r] == before[r]  # untouched: same pod, node and leader
     new_us = {us_of[after[r][1]] for r in affected}
     assert len(new_us) == 1 and failed_us not in new_us
-    assert all(after[r][2] == node_dns_name(before[0][1]) for r in range(8))  # rank 0 stayed
+    assert all(after[r][2] == sim.node_address(before[0][1]) for r in range(8))  # rank 0 stayed
     status = sim.workload(NAME)["status"]  # type: ignore[index]
     assert failed_us not in status["allocatedUltraServers"]
     await sim.wait_until(lambda: sim.events(NAME, "UnitsReplaced"), "UnitsReplaced event")

@@ -26,7 +26,7 @@ async def test_example_1_connected_devices_are_one_torus_row(walk: Walkthrough) 
     for name in names:
         await walk.create_pod(name, "1x4-connected-neurons")
     pods = await walk.running(names)
-    views = [walk.view(p) for p in pods]
+    views = [await walk.view(p) for p in pods]
     by_node: dict[str, list[set[int]]] = {}
     for v in views:
         got = indices(v.devices)
@@ -51,7 +51,7 @@ async def test_rct1_xl_rct2_l_and_driver_version(walk: Walkthrough) -> None:
     for pod, (spec, template, _) in wanted.items():
         await walk.apply_spec(spec)
         await walk.create_pod(pod, template)
-    views = {v.name: v for v in (walk.view(p) for p in await walk.running(list(wanted)))}
+    views = {v.name: v for v in [await walk.view(p) for p in await walk.running(list(wanted))]}
     assert indices(views["xl"].devices) == set(range(16))
     for name in ("l", "drv"):
         got = indices(views[name].devices)
@@ -70,7 +70,7 @@ async def test_example_2_lnc_1_reaches_the_container(walk: Walkthrough) -> None:
     await walk.apply_spec("lnc1.yaml")
     await walk.create_pod("lnc", "all-neurons-lnc-1")
     (pod,) = await walk.running(["lnc"])
-    v = walk.view(pod)
+    v = await walk.view(pod)
     assert len(v.devices) == 16
     assert v.env["NEURON_LOGICAL_NC_CONFIG"] == "1"
     assert v.env["NEURON_RT_VISIBLE_CORES"] == "0-127"  # 16 devices x 8 cores at LNC 1
@@ -87,7 +87,7 @@ async def test_example_3_four_node_groups_each_fill_one_ultraserver(
     pods = await walk.running(lws.pod_names())
     groups: dict[str, set[str]] = {}
     for pod in pods:
-        v = walk.view(pod)
+        v = await walk.view(pod)
         node = sim.view.get("v1", "Node", v.node)
         assert node is not None
         us = node["metadata"]["labels"][c.LABEL_ULTRASERVER_SERVER_ID_4]

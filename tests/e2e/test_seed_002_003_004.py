@@ -10,7 +10,6 @@ import pytest
 from neuron_dra.common import constants as c
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.simcluster import SimCluster
-from neuron_dra.sim.simcluster.topology import node_dns_name
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -95,10 +94,10 @@ async def test_two_node_units_get_the_init_scripts_environment(
     pods = await walk.running_workload(deploy)
     envs = {}
     for pod in pods:
-        v = walk.view(pod)
+        v = await walk.view(pod)
         envs[int(v.env["NEURON_GLOBAL_TOPOID"])] = (v.node, v.env)
     assert sorted(envs) == [0, 1, 2, 3]
-    leader = node_dns_name(envs[0][0])
+    leader = sim.node_address(envs[0][0])
     for rank, (node, env) in envs.items():
         got = labels(sim, node)
         assert env["NEURON_GLOBAL_TOPOID0_HOST"] == leader
@@ -135,7 +134,7 @@ async def test_trn1_connected_set_counts_are_prepared(walk: Walkthrough, count: 
     await walk.sim.apply(trn1_template(count))
     await walk.create_pod(f"trn1-{count}", f"trn1-{count}")
     (pod,) = await walk.running([f"trn1-{count}"])
-    view = walk.view(pod)
+    view = await walk.view(pod)
     assert view.node == "trn1-0" and len(view.devices) == count
     assert view.device_nodes == sorted(
         (f"/dev/neuron{int(d.removeprefix('neurondevice'))}" for d in view.devices),
@@ -196,7 +195,7 @@ async def test_inf2_ring_sets_are_contiguous(walk: Walkthrough, count: int) -> N
         await walk.create_pod(name, f"ring-{count}")
     seen: set[int] = set()
     for pod in await walk.running(names):
-        v = walk.view(pod)
+        v = await walk.view(pod)
         got = sorted(int(d.removeprefix("neurondevice")) for d in v.devices)
         assert got == list(range(got[0], got[0] + count)), f"{v.name}: {got} not contiguous"
         assert v.device_nodes == [f"/dev/neuron{i}" for i in got]

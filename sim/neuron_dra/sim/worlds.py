@@ -1,5 +1,6 @@
-"""Which Kubernetes a test runs on, as pytest parameters: ``fake`` (our in-process API server)
-and ``real-<minor>`` for each pinned minor of the real tier (:mod:`.realcluster`).
+"""Which Kubernetes a test runs on, as pytest parameters: ``fake`` (our in-process API server
+and simulated kubelets) and ``real-<minor>`` for each pinned minor of the real tier (a real
+control plane, :mod:`.realcluster`, and for a simulated cluster real nodes, :mod:`.realnode`).
 
 Off CI, a minor whose components are not built skips with one line saying how to build them;
 with ``CI=true`` the real tier must never skip, so the same case fails instead.
@@ -35,14 +36,28 @@ def minor_of(world: str) -> str | None:
     return world.removeprefix(REAL_PREFIX) if world.startswith(REAL_PREFIX) else None
 
 
+def _unavailable(why: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{why} (CI=true: the real tier must run, not skip)")
+    pytest.skip(why)
+
+
 def require_built(minor: str) -> None:
     """Skip (or on CI fail) unless the components of ``minor`` are built."""
     try:
         bin_dir_for(minor)
     except RealTierUnavailable as err:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{err} (CI=true: the real tier must run, not skip)")
-        pytest.skip(str(err))
+        _unavailable(str(err))
+
+
+def require_real_nodes(minor: str) -> None:
+    """Skip (or on CI fail) unless real nodes of ``minor`` can run here (root, the kubelet
+    and containerd built, Debian's runc, busybox-static and CNI plugins installed)."""
+    from .realnode.fleet import node_tier_problem
+
+    problem = node_tier_problem(minor)
+    if problem:
+        _unavailable(f"real nodes {minor}: {problem}")
 
 
 def real_control_plane(minor: str) -> RealControlPlane:
@@ -56,6 +71,7 @@ def cluster_kwargs(world: str, control_plane: RealControlPlane | None = None) ->
     minor = minor_of(world)
     if minor is None:
         return {"kubernetes": "fake"}
+    require_real_nodes(minor)
     return {
         "kubernetes": "real",
         "control_plane": control_plane or real_control_plane(minor),

@@ -30,7 +30,7 @@ from neuron_dra.sim.paths import chart_crd_dir, repo_root
 from neuron_dra.sim.peerbench.stats import percentile
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
-from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE, node_dns_name
+from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE
 
 T = TypeVar("T")
 JsonDict = dict[str, Any]
@@ -157,7 +157,7 @@ def report_table(runs: Sequence[GangRun]) -> str:
 # --- checks -----------------------------------------------------------------------------------
 
 
-def check_ranks(
+async def check_ranks(
     walk: Walkthrough, pods: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
 ) -> None:
     """What the e2e tests check of seeds/000, at 4 x ``serverCount``: ranks 0..n-1, one pod
@@ -167,7 +167,7 @@ def check_ranks(
     ranks: dict[int, str] = {}
     hosts: set[str] = set()
     for pod in pods:
-        view = walk.view(pod)
+        view = await walk.view(pod)
         if ENV_RANK not in view.env or ENV_RANK0 not in view.env:
             raise RankError(f"pod {view.name} on {view.node}: no rank in {sorted(view.env)}")
         ranks[int(view.env[ENV_RANK])] = view.node
@@ -177,8 +177,8 @@ def check_ranks(
         raise RankError(f"ranks {sorted(ranks)}, expected 0..{n - 1}")
     if len(set(ranks.values())) != n:
         raise RankError(f"two pods on one node: {ranks}")
-    if hosts != {node_dns_name(ranks[0])}:
-        raise RankError(f"rank-0 hosts {sorted(hosts)}, expected {node_dns_name(ranks[0])}")
+    if hosts != {sim.node_address(ranks[0])}:
+        raise RankError(f"rank-0 hosts {sorted(hosts)}, expected {sim.node_address(ranks[0])}")
     us_of = {node.name: node.ultraserver_id for node in sim.nodes}
     allocated = set((workload.get("status") or {}).get("allocatedUltraServers") or [])
     for first in range(0, n, TOPOLOGY_SIZE):
@@ -313,7 +313,7 @@ async def one_run(
     pods = prepared()
     workload = sim.workload(name, NS)
     assert pods is not None and workload is not None
-    check_ranks(Walkthrough(sim, io.StringIO()), pods, workload)
+    await check_ranks(Walkthrough(sim, io.StringIO()), pods, workload)
     used = sorted((workload.get("status") or {}).get("allocatedUltraServers") or [])
 
     start = time.monotonic()

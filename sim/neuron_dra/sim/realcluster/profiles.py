@@ -35,6 +35,12 @@ PROFILES: dict[tuple[int, int], MinorProfile] = {
             "resource.k8s.io/v1alpha3=true",
         ),
     ),
+    # 1.36 (its kubelet only; 1.35 is 1.34's profile): prioritized list GA, admin access GA
+    # and locked; device taints, partitionable devices, consumable capacity beta and on.
+    (1, 36): MinorProfile(
+        feature_gates={"DRAPartitionableDevices": True, "DRAConsumableCapacity": True},
+        runtime_config=("resource.k8s.io/v1beta1=true", "resource.k8s.io/v1beta2=true"),
+    ),
     # 1.37: prioritized list and admin access are GA and locked; device taints (and their
     # rules) GA; partitionable devices and consumable capacity beta, on by default.
     (1, 37): MinorProfile(

@@ -15,6 +15,7 @@ in the same namespace and see what a DaemonSet pod's hostPaths would.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,9 +71,18 @@ class NodeSpec:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port below the kernel's ephemeral range: a port picked now and bound
+    by the kubelet a moment later must not be taken meanwhile by a socket bound to port 0
+    (containerd's stream server, any client), which the kernel serves from that range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 class RealNode:
@@ -96,14 +106,15 @@ class RealNode:
 
     def start(self) -> RealNode:
         try:
-            self._prepare()
+            self.prepare()
             self._boot()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
+        """The node's directories and configuration files (nothing runs yet)."""
         for d in self.layout.directories():
             d.mkdir(parents=True, exist_ok=True)
         write_proc_sys(self.layout, self.boot_id)
@@ -149,13 +160,25 @@ class RealNode:
 
     def _boot(self) -> None:
         """Namespace, cgroups, containerd (images imported), kubelet: in that order."""
+        for step in self.boot_steps():
+            step()
+
+    def boot_steps(self) -> list[Callable[[], None]]:
+        """The steps of a boot, each quick to start or a wait: :class:`.fleet.RealNodeFleet`
+        takes many nodes through them side by side (from one thread: a child dies with the
+        thread that started it)."""
+        return [
+            self._begin,
+            self._wait_containerd,
+            self._import_images,
+            lambda: self._launch(self.components[KUBELET]),
+            self._wait_kubelet,
+        ]
+
+    def _begin(self) -> None:
         self.namespace.start()
         cgroups.create(self.spec.cgroup_root)
         self._launch(self.components[CONTAINERD])
-        self._wait_containerd()
-        self._import_images()
-        self._launch(self.components[KUBELET])
-        self._wait_kubelet()
 
     def stop(self) -> None:
         """Stop the kubelet first (so it starts nothing new), then everything else of the

@@ -46,16 +46,19 @@ from neuron_dra.sim.controlplane.base import is_active
 from neuron_dra.sim.controlplane.workloads import PodSet
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, shared_control_plane
+from neuron_dra.sim.realnode.podspec import for_real_nodes
 from neuron_dra.sim.waiting import Listeners, wait_until
 
 from .containers import ContainerDevices, load_specs, resolve
 from .mirror import ClusterMirror, ClusterReader
+from .realnodes import RealNodes
 from .realworld import (
     DEPLOYMENTS,
     SERVICE_ACCOUNTS,
     Deployment,
     NodeLease,
     ensure_namespace,
+    node_is_ready,
     register_node,
     set_node_ready,
 )
@@ -75,6 +78,8 @@ CONTROLLER = "controller"
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 FAKE, REAL = "fake", "real"
 KUBERNETES_WORLDS = (FAKE, REAL)
+#: Who runs the nodes: our simulated kubelets, or real kubelets, containerd and runc.
+SIMULATED_NODES, REAL_NODES = "simulated", "real"
 
 
 class SimCluster:
@@ -90,6 +95,8 @@ class SimCluster:
         control_plane: RealControlPlane | None = None,
         minor: str | None = None,
         identities: Callable[[str], Path] | None = None,
+        nodes_kind: str | None = None,
+        kubelet_minor: str | None = None,
     ) -> None:
         """``kubernetes``: ``"fake"`` or ``"real"``. On a real world, ``control_plane`` is
         the one to use (default: the process's shared one of ``minor``, default the newest
@@ -98,9 +105,21 @@ class SimCluster:
         ``identities``: the kubeconfig each of our components talks with, by component
         (``CONTROLLER`` or a node's name for its plugin), called when the component starts
         (after the nodes are registered); default: the cluster's admin kubeconfig. The
-        chart's identity tests pass ServiceAccount tokens here."""
+        chart's identity tests pass ServiceAccount tokens here.
+
+        ``nodes_kind``: ``"real"`` (the default on a real world) runs every node as a real
+        kubelet with its own containerd (:mod:`neuron_dra.sim.realnode`) and our plugin as a
+        process inside it; ``"simulated"`` (the only choice on the fake world) runs our
+        simulated kubelets and the plugins in this process. ``kubelet_minor`` picks the
+        real kubelets' minor (default: the control plane's)."""
         if kubernetes not in KUBERNETES_WORLDS:
             raise ValueError(f"kubernetes must be one of {KUBERNETES_WORLDS}, not {kubernetes!r}")
+        nodes_kind = nodes_kind or (REAL_NODES if kubernetes == REAL else SIMULATED_NODES)
+        if nodes_kind == REAL_NODES and kubernetes != REAL:
+            raise ValueError("real nodes need a real control plane (kubernetes='real')")
+        self.nodes_kind = nodes_kind
+        self._kubelet_minor = kubelet_minor
+        self.real_nodes: RealNodes | None = None
         self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
         check_unique(self.nodes)
         # Unix socket paths are limited to 108 bytes: keep the root short.
@@ -128,6 +147,9 @@ class SimCluster:
         return self.workdir / node
 
     def cdi_root(self, node: str) -> Path:
+        """Where the node's CDI specs are, seen from here."""
+        if self.real_nodes is not None:
+            return self.real_nodes.cdi_dir(node)
         return self.node_root(node) / "cdi"
 
     def registrar_dir(self, node: str) -> Path:
@@ -145,6 +167,10 @@ class SimCluster:
     @property
     def is_real(self) -> bool:
         return self.kubernetes == REAL
+
+    @property
+    def has_real_nodes(self) -> bool:
+        return self.nodes_kind == REAL_NODES
 
     @property
     def view(self) -> ClusterReader:
@@ -171,6 +197,9 @@ class SimCluster:
 
     async def _register_nodes(self) -> None:
         assert self.kube is not None
+        if self.has_real_nodes:
+            await self._start_real_nodes()
+            return
         for index, node in enumerate(self.nodes):
             if self.is_real:
                 await register_node(self.kube, node, index)
@@ -182,6 +211,26 @@ class SimCluster:
             root = self.node_root(node.name)
             root.mkdir(parents=True, exist_ok=True)
             (root / "boot_id").write_text("sim-boot-1\n")
+
+    async def _start_real_nodes(self) -> None:
+        """Real kubelets register their Nodes; wait until every one is Ready."""
+        assert self.real is not None
+        self.real_nodes = RealNodes(
+            self.real, self.workdir / "nodes", kubelet_minor=self._kubelet_minor
+        )
+        # From this (main) thread: the nodes' processes die with the thread that forked them.
+        self.real_nodes.start(self.nodes)
+        names = {n.name for n in self.nodes}
+
+        def ready() -> bool:
+            nodes = {
+                n["metadata"]["name"]: n
+                for n in self.view.list("v1", "Node")
+                if n["metadata"]["name"] in names
+            }
+            return set(nodes) == names and all(node_is_ready(n) for n in nodes.values())
+
+        await self.wait_until(ready, f"{len(names)} real nodes Ready")
 
     async def _prepare_real_namespaces(self) -> None:
         """What a real cluster needs before our pods: the driver's namespace (the controller
@@ -216,7 +265,10 @@ class SimCluster:
             await self.start_controller()
         self.cp = ControlPlane(
             await self._client(),
-            registrar_dirs={n.name: self.registrar_dir(n.name) for n in self.nodes},
+            # Real nodes have real kubelets; simulated ones get ours.
+            registrar_dirs={}
+            if self.has_real_nodes
+            else {n.name: self.registrar_dir(n.name) for n in self.nodes},
             # On a real world the real scheduler and controllers do this part.
             simulate_control_plane=not self.is_real,
         )
@@ -234,6 +286,10 @@ class SimCluster:
             )
 
     def _all_published(self) -> bool:
+        if self.real_nodes is not None:
+            failed = self.real_nodes.plugin_failed()
+            if failed:
+                raise RuntimeError(failed)
         published = {s["spec"]["nodeName"] for s in self.slices()}
         return {n.name for n in self.nodes} <= published
 
@@ -241,6 +297,10 @@ class SimCluster:
         from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 
         node = self.node(node_name)
+        if self.real_nodes is not None:
+            path = self._identities(node.name) if self._identities else self.kubeconfig
+            self.real_nodes.start_plugin(node.name, path)
+            return
         root = self.node_root(node_name)
         plugin = KubeletPlugin(
             PluginConfig(
@@ -279,6 +339,8 @@ class SimCluster:
         for name, plugin in list(self.plugins.items()):
             await _quietly(plugin.stop(), f"plugin {name}")
         self.plugins.clear()
+        if self.real_nodes is not None:
+            await _quietly(self.real_nodes.stop(), "real nodes")
         for name, lease in list(self.leases.items()):
             await _quietly(lease.stop(), f"lease {name}")
         self.leases.clear()
@@ -336,6 +398,8 @@ class SimCluster:
         sources: list[Listeners] = [
             self.mirror.listeners if self.mirror is not None else self.api.store.listeners
         ]
+        if self.real_nodes is not None:
+            sources.append(self.real_nodes.watch.listeners)
         if self.cp is not None:
             sources += [loop.listeners for loop in self.cp.loops]
         return await wait_until(predicate, what, self.limit if limit is None else limit, sources)
@@ -362,6 +426,8 @@ class SimCluster:
         controller of a Deployment or LeaderWorkerSet (kinds the fake API server does not
         serve)."""
         assert self.kube is not None and self.cp is not None
+        if self.has_real_nodes:
+            manifest = for_real_nodes(manifest)
         if manifest.get("kind") == "Deployment" and self.is_real:
             deployment = Deployment(self.kube, manifest, namespace, self._pods_by_selector)
             await deployment.start()
@@ -408,6 +474,11 @@ class SimCluster:
         Terminating (no kubelet ends their grace period), and so do the claims they hold;
         a ReplicaSet replaces them at once, as it counts only pods not being deleted."""
         assert self.cp is not None
+        if self.real_nodes is not None:
+            self.real_nodes.fail(name)
+            assert self.kube is not None
+            await set_node_ready(self.kube, name, False)
+            return
         await self.cp.kubelets[name].stop()
         plugin = self.plugins.pop(name, None)
         if plugin is not None:
@@ -441,6 +512,16 @@ class SimCluster:
             for s in self.view.list(RESOURCE_V1, "ResourceSlice")
             if (s.get("spec") or {}).get("nodeName") in mine
         ]
+
+    def node_address(self, name: str) -> str:
+        """The address the kubelet plugin hands out for node ``name`` (rank 0's
+        ``NEURON_GLOBAL_TOPOID0_HOST``), by the product's own preference among the addresses
+        the Node reports: a simulated node reports an InternalDNS name as on EKS, a real
+        kubelet without a cloud provider its Hostname."""
+        from neuron_dra.nodeplugin.reservations import node_address
+
+        node = self.view.get("v1", "Node", name)
+        return (node_address(node) if node is not None else None) or name
 
     def ultraservers(self) -> list[JsonDict]:
         return self.view.list(NEURON_V1BETA1, "NeuronUltraServer", DRIVER_NAMESPACE)
@@ -490,8 +571,16 @@ class SimCluster:
             and not any(list(self.cdi_root(n.name).glob("*.json")) for n in self.nodes)
         )
 
-    def container_devices(self, pod: Mapping[str, Any]) -> dict[str, ContainerDevices]:
-        """Container name → what a CDI runtime on the pod's node would inject."""
+    async def container_devices(self, pod: Mapping[str, Any]) -> dict[str, ContainerDevices]:
+        """Container name → its Neuron device nodes and environment: read from inside each
+        container that uses a claim on real nodes; on simulated ones, what a CDI runtime
+        would inject from the plugin's spec files."""
+        if self.real_nodes is not None:
+            return {
+                str(c["name"]): await self.real_nodes.look_inside(pod, str(c["name"]))
+                for c in (pod.get("spec") or {}).get("containers") or []
+                if (c.get("resources") or {}).get("claims")
+            }
         node = (pod.get("spec") or {}).get("nodeName")
         raw = (pod["metadata"].get("annotations") or {}).get(CDI_DEVICES_ANNOTATION)
         if not node or not raw:

@@ -68,6 +68,13 @@ async def register_node(kube: KubeClient, node: SimNode, index: int) -> None:
     log.debug("node %s registered (uid %s)", node.name, created["metadata"].get("uid"))
 
 
+def node_is_ready(node: JsonDict) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (node.get("status") or {}).get("conditions") or []
+    )
+
+
 async def set_node_ready(kube: KubeClient, name: str, ready: bool) -> None:
     """Post the Ready condition as the node's kubelet would (status subresource)."""
     api = kube.resource(NODES)

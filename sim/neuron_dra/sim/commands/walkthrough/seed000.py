@@ -116,7 +116,7 @@ class OperatorSteps(WalkthroughTools):
         rows = []
         ranks: dict[int, PodView] = {}
         for pod in pods:
-            v = self.view(pod)
+            v = await self.view(pod)
             node = self.sim.node(v.node)
             rank = int(v.env.get(ENV_RANK, "-1"))
             ranks[rank] = v

@@ -53,7 +53,7 @@ class DeviceSteps(WalkthroughTools):
         await self.apply_spec("connected-4-devices.yaml")
         await self.create_pod("connected-4", "1x4-connected-neurons")
         (pod,) = await self.running(["connected-4"])
-        v = self.view(pod)
+        v = await self.view(pod)
         groups = {self.device_attr(v.node, d, G4) for d in v.devices}
         self.table(
             ("POD", "NODE", "DEVICES", "DEVICEGROUP4_ID", ENV_CORES, "/dev"),
@@ -85,7 +85,7 @@ class DeviceSteps(WalkthroughTools):
         pods = await self.running(list(wanted))
         rows = []
         for pod in pods:
-            v = self.view(pod)
+            v = await self.view(pod)
             _, _, count, group = wanted[v.name]
             ids = {self.device_attr(v.node, d, group) for d in v.devices} if group else set()
             version = {self.device_attr(v.node, d, "neuronDriverVersion") for d in v.devices}
@@ -108,7 +108,7 @@ class DeviceSteps(WalkthroughTools):
         await self.apply_spec("lnc1.yaml")
         await self.create_pod("lnc-1", "all-neurons-lnc-1")
         (pod,) = await self.running(["lnc-1"])
-        v = self.view(pod)
+        v = await self.view(pod)
         self.table(
             ("POD", "NODE", "DEVICES", ENV_LNC, ENV_CORES),
             [
@@ -135,7 +135,7 @@ class DeviceSteps(WalkthroughTools):
         rows = []
         groups: dict[str, list[PodView]] = {}
         for pod in pods:
-            v = self.view(pod)
+            v = await self.view(pod)
             labels = pod["metadata"]["labels"]
             node = self.sim.view.get("v1", "Node", v.node) or {}
             us = node["metadata"]["labels"].get(c.LABEL_ULTRASERVER_SERVER_ID_4)

@@ -105,14 +105,14 @@ class WalkthroughTools:
                     return next(iter(value.values()), None)
         return None
 
-    def view(self, pod: Mapping[str, Any], container: str | None = None) -> PodView:
+    async def view(self, pod: Mapping[str, Any], container: str | None = None) -> PodView:
         node = str(pod["spec"].get("nodeName") or "")
         devices = [
             r["device"]
             for claim in self.sim.claims_of(pod).values()
             for r in claim["status"]["allocation"]["devices"]["results"]
         ]
-        got = self.sim.container_devices(pod)
+        got = await self.sim.container_devices(pod)
         name = container or pod["spec"]["containers"][0]["name"]
         inj = got.get(name)
         return PodView(

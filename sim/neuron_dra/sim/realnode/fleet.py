@@ -1,0 +1,145 @@
+"""Real nodes for one control plane: as many as a test wants, started side by side.
+
+    fleet = RealNodeFleet(control_plane, workdir=tmp / "nodes")
+    fleet.start([("trn2-0", {"node.kubernetes.io/instance-type": "trn2.48xlarge"}), ...])
+    ...
+    fleet.stop()
+
+The kubelets are of the control plane's minor unless ``kubelet_minor`` names another pinned
+one (a node-only minor such as 1.36, run against a newer control plane as the version-skew
+policy allows). Nodes register with their own identity (``system:node:<name>``), their
+names resolve to 127.0.0.1 for the API server (:meth:`RealControlPlane.add_node_names`),
+and each has a cgroup root named after the process that owns it, so roots a killed run left
+behind are found and removed by the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from neuron_dra.sim.kubebuild import containerd_module, kube_module
+from neuron_dra.sim.realcluster import RealControlPlane, node_identity, profile_for
+
+from . import cgroups
+from .configs import CNI_BIN_DIR, RUNC
+from .images import BUSYBOX, ImageError, build_images
+from .layout import PRIVATE_DIRS
+from .node import NodeBinaries, NodeSpec, RealNode, free_port
+
+_ROOT_PREFIX = "ndra-node-"
+
+
+class NodeTierUnavailable(Exception):
+    """Real nodes cannot run here; the message says what is missing and how to get it."""
+
+
+def node_tier_problem(minor: str) -> str | None:
+    """Why real nodes of ``minor`` cannot run on this machine, or None when they can."""
+    if os.geteuid() != 0:
+        return "real nodes need root (mount namespaces, cgroups)"
+    for tool in ("unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"real nodes need {tool} (util-linux)"
+    for path, package in ((RUNC, "runc"), (BUSYBOX, "busybox-static"), (
+        f"{CNI_BIN_DIR}/loopback", "containernetworking-plugins"
+    )):  # fmt: skip
+        if not Path(path).exists():
+            return f"{path} missing: run hack/k8s/node-packages (Debian's {package})"
+    mod = kube_module(minor)
+    if "kubelet" not in mod.binaries or not mod.built():
+        return f"kubelet {minor} not built: run `hack/k8s/build --version {minor}`"
+    if not containerd_module().built():
+        return "containerd not built: run `hack/k8s/build --version containerd`"
+    here = Path(__file__).resolve()
+    for private in PRIVATE_DIRS:
+        if here.is_relative_to(private):
+            return f"the checkout is under {private}, which a real node replaces by its own"
+    return None
+
+
+def _cgroup_root(name: str) -> str:
+    return f"{_ROOT_PREFIX}{os.getpid()}-{name}"
+
+
+def remove_orphaned_roots() -> None:
+    """Remove the cgroup roots of real nodes whose owning process is gone (a killed run)."""
+    for h in cgroups.hierarchies()[:1]:
+        for d in h.glob(f"{_ROOT_PREFIX}*"):
+            match = re.match(rf"{_ROOT_PREFIX}(\d+)-", d.name)
+            if match and not Path(f"/proc/{match.group(1)}").exists():
+                cgroups.remove(d.name)
+
+
+class RealNodeFleet:
+    def __init__(
+        self,
+        control_plane: RealControlPlane,
+        *,
+        workdir: Path,
+        kubelet_minor: str | None = None,
+        verbosity: int = 2,
+    ) -> None:
+        self.cp = control_plane
+        self.minor = kubelet_minor or control_plane.minor
+        self.workdir = workdir
+        self.verbosity = verbosity
+        self.nodes: dict[str, RealNode] = {}
+        problem = node_tier_problem(self.minor)
+        if problem:
+            raise NodeTierUnavailable(problem)
+        self.bins = NodeBinaries(
+            kube_module(self.minor).bin_dir / "kubelet", containerd_module().bin_dir
+        )
+
+    def start(self, nodes: Sequence[tuple[str, Mapping[str, str]]]) -> list[RealNode]:
+        """Start a node per ``(name, labels)``, side by side; returns once every kubelet is
+        healthy (its Node registers a moment later)."""
+        remove_orphaned_roots()
+        try:
+            images = build_images()
+        except ImageError as err:
+            raise NodeTierUnavailable(str(err)) from err
+        self.cp.add_node_names([name for name, _ in nodes])
+        gates = dict(profile_for(self.minor).feature_gates)
+        started = []
+        for name, labels in nodes:
+            spec = NodeSpec(
+                name=name,
+                kubeconfig=self.cp.kubeconfig(node_identity(name)),
+                client_ca=self.cp.ca_cert,
+                kubelet_port=free_port(),
+                healthz_port=free_port(),
+                cgroup_root=_cgroup_root(name),
+                images=images,
+                labels=labels,
+                feature_gates=gates,
+                verbosity=self.verbosity,
+            )
+            node = RealNode(spec, self.bins, self.workdir / name)
+            self.nodes[name] = node
+            started.append(node)
+        try:
+            for node in started:
+                node.prepare()
+            steps = [node.boot_steps() for node in started]
+            for i in range(len(steps[0]) if steps else 0):
+                for node_steps in steps:
+                    node_steps[i]()
+        except BaseException:
+            for node in started:
+                self.stop_node(node.name)
+            raise
+        return started
+
+    def stop_node(self, name: str) -> None:
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            node.stop()
+
+    def stop(self) -> None:
+        for name in list(self.nodes):
+            self.stop_node(name)

@@ -1,0 +1,197 @@
+"""The simulated cluster's nodes when they are real (:mod:`neuron_dra.sim.realnode`): real
+kubelets and containerd run the pods, our kubelet plugin runs as a process inside each node
+and registers with its kubelet through the kubelet's own plugin watcher, and what a
+container got is read from inside it (``kubectl exec``), not from the CDI files.
+
+Kept apart from :class:`.cluster.SimCluster` so the cluster reads the same on every world:
+it asks this part to start, stop and fail nodes and plugins, and to look into containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from neuron_dra.sim.realcluster import RealControlPlane
+from neuron_dra.sim.realcluster.processes import Component, tail
+from neuron_dra.sim.realnode.fleet import RealNodeFleet
+from neuron_dra.sim.realnode.layout import CDI_DIR, PLUGINS_DIR, PLUGINS_REGISTRY
+from neuron_dra.sim.realnode.node import RealNode
+
+from .containers import ContainerDevices
+from .topology import SimNode
+
+log = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+PLUGIN = "neuron-dra-kubelet-plugin"
+#: What a container is asked: its Neuron device nodes (character devices only) and its env.
+_LOOK_INSIDE = 'for d in /dev/neuron*; do [ -c "$d" ] && echo "DEVICE $d"; done; env'
+#: kubectl errors that go away: the API server's resolver has not seen a new node's name
+#: yet (it re-reads its hosts file at most every 5 s), or the container is just starting.
+_TRANSIENT = re.compile(r"no such host|container not found|unable to upgrade|does not have a host")
+_EXEC_LIMIT = 30.0
+
+
+def node_labels(node: SimNode) -> dict[str, str]:
+    """The labels a node's kubelet sets (``--node-labels``; NodeRestriction allows these)."""
+    return {"node.kubernetes.io/instance-type": node.instance_type}
+
+
+def plugin_argv(node: SimNode, kubeconfig: Path) -> list[str]:
+    """Our kubelet plugin as the chart's DaemonSet runs it, with the chart's default paths
+    (inside the node they are the node's own), emulating the node's instance type."""
+    argv = [
+        sys.executable, "-m", "neuron_dra.sim.soak.procs", "plugin",
+        "--node-name", node.name,
+        "--kubeconfig", str(kubeconfig),
+        "--cdi-root", CDI_DIR,
+        "--kubelet-registrar-directory-path", PLUGINS_REGISTRY,
+        "--kubelet-plugins-directory-path", PLUGINS_DIR,
+        "--emulation-mode", node.instance_type,
+        "--http-port", "0",
+    ]  # fmt: skip
+    if node.ultraserver_id:
+        argv += ["--emulated-ultraserver-id", node.ultraserver_id]
+    if node.ultraserver_node_id is not None:
+        argv += ["--emulated-ultraserver-node-id", str(node.ultraserver_node_id)]
+    return argv
+
+
+def parse_look_inside(output: str) -> ContainerDevices:
+    """What :data:`_LOOK_INSIDE` printed, as the CDI resolution of the fake world gives it:
+    env by name, device nodes in device order (pure)."""
+    out = ContainerDevices()
+    devices = []
+    for line in output.splitlines():
+        if line.startswith("DEVICE "):
+            devices.append(line.removeprefix("DEVICE ").strip())
+        elif re.match(r"[A-Za-z_][A-Za-z0-9_]*=", line):
+            key, _, value = line.partition("=")
+            out.env[key] = value
+    out.device_nodes = sorted(devices, key=lambda d: int(re.sub(r"\D", "", d) or 0))
+    return out
+
+
+class DirectoryWatch:
+    """Calls its listeners when a watched directory's entries change (its mtime moves):
+    the kubelet's unprepare changes files inside a node, which no API event reports."""
+
+    def __init__(self, dirs: Callable[[], Sequence[Path]], interval: float = 0.1) -> None:
+        self.listeners: list[Callable[..., None]] = []
+        self._dirs = dirs
+        self._interval = interval
+        self._seen: dict[Path, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="directory-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            now = {d: _mtime(d) for d in self._dirs()}
+            if now != self._seen:
+                self._seen = now
+                for listener in list(self.listeners):
+                    listener()
+            await asyncio.sleep(self._interval)  # a file system has no change stream here
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+class RealNodes:
+    """The real nodes of one simulated cluster and the plugin process on each."""
+
+    def __init__(
+        self,
+        control_plane: RealControlPlane,
+        workdir: Path,
+        *,
+        kubelet_minor: str | None = None,
+    ) -> None:
+        self.cp = control_plane
+        self.fleet = RealNodeFleet(control_plane, workdir=workdir, kubelet_minor=kubelet_minor)
+        self.watch = DirectoryWatch(lambda: [n.layout.cdi_dir for n in self.fleet.nodes.values()])
+        self.plugins: dict[str, Component] = {}
+        self._specs: dict[str, SimNode] = {}
+        self._kubeconfigs: dict[str, Path] = {}
+
+    def node(self, name: str) -> RealNode:
+        return self.fleet.nodes[name]
+
+    def cdi_dir(self, name: str) -> Path:
+        return self.fleet.nodes[name].layout.cdi_dir
+
+    def start(self, nodes: Sequence[SimNode]) -> None:
+        """Start the nodes (from the calling thread: their processes die with it)."""
+        self.fleet.start([(n.name, node_labels(n)) for n in nodes])
+        self._specs.update({n.name: n for n in nodes})
+        self.watch.start()
+
+    def start_plugin(self, name: str, kubeconfig: Path) -> None:
+        self._kubeconfigs[name] = kubeconfig
+        node = self.fleet.nodes[name]
+        self.plugins[name] = node.spawn(PLUGIN, plugin_argv(self._specs[name], kubeconfig))
+
+    def plugin_failed(self) -> str | None:
+        """A plugin that exited, with its log's telling lines (a start must not hang on it)."""
+        for name, comp in self.plugins.items():
+            if comp.proc is not None and comp.proc.poll() is not None:
+                return f"plugin on {name} exited with {comp.proc.returncode}:\n{tail(comp.log)}"
+        return None
+
+    def stop_plugin(self, name: str, *, kill: bool = False) -> None:
+        if name in self.fleet.nodes:
+            self.fleet.nodes[name].stop_spawned(PLUGIN, kill=kill)
+        self.plugins.pop(name, None)
+
+    def fail(self, name: str) -> None:
+        """The node dies: every process of it (kubelet, containerd, pods, plugin) is killed."""
+        self.plugins.pop(name, None)
+        self.fleet.stop_node(name)
+
+    async def stop(self) -> None:
+        await self.watch.stop()
+        self.plugins.clear()
+        self.fleet.stop()
+
+    async def look_inside(self, pod: Mapping[str, Any], container: str) -> ContainerDevices:
+        """What ``container`` of ``pod`` has: its Neuron device nodes and environment, read
+        with ``kubectl exec`` as a user would."""
+        meta = pod["metadata"]
+        args = (
+            "exec", "-n", str(meta.get("namespace") or "default"), str(meta["name"]),
+            "-c", container, "--", "sh", "-c", _LOOK_INSIDE,
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _EXEC_LIMIT
+        while True:
+            proc = await asyncio.create_subprocess_exec(
+                str(self.cp.bin_dir / "kubectl"), "--kubeconfig", str(self.cp.kubeconfig()),
+                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await proc.communicate()
+            if proc.returncode == 0:
+                return parse_look_inside(out.decode(errors="replace"))
+            message = err.decode(errors="replace").strip()
+            if not _TRANSIENT.search(message) or loop.time() > deadline:
+                raise RuntimeError(f"kubectl {' '.join(args[:4])}: {message}")
+            log.info("kubectl exec into %s: %s (retrying)", meta["name"], message)
+            await asyncio.sleep(0.5)  # the resolver's cache or a starting container
