@@ -75,7 +75,12 @@ async def test_two_node_units_get_the_init_scripts_environment(
         "spec": {
             "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": "pairs"}],
             "containers": [
-                {"name": "worker", "image": "x", "resources": {"claims": [{"name": "neuron"}]}}
+                {
+                    "name": "worker",
+                    "image": "public.ecr.aws/docker/library/alpine:latest",
+                    "command": ["sleep", "infinity"],
+                    "resources": {"claims": [{"name": "neuron"}]},
+                }
             ],
         },
     }

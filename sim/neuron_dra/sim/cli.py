@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --kubernetes real: the pinned minor to run (default: the newest pinned)",
     )
     sim.add_argument(
+        "--kubelet-version",
+        default=None,
+        help="with --kubernetes real: the minor of the nodes' real kubelets, at most three "
+        "below the control plane's as Kubernetes' version-skew policy allows (default: the "
+        "control plane's; 1.35 and 1.36 are pinned for their kubelets only)",
+    )
+    sim.add_argument(
         "--workdir",
         help="directory for the nodes' files (emulated sysfs/dev, CDI specs, kubelet sockets); "
         "default: a new temporary directory, removed on exit",

@@ -55,20 +55,26 @@ async def run_sim(args: argparse.Namespace) -> int:
     if real:
         from neuron_dra.sim.kubebuild import newest_minor
         from neuron_dra.sim.realcluster import RealTierUnavailable, bin_dir_for
+        from neuron_dra.sim.realnode.fleet import node_tier_problem
 
         minor = args.kubernetes_version or newest_minor()
+        kubelet_minor = args.kubelet_version or minor
         try:
             bin_dir_for(minor)
         except RealTierUnavailable as err:
             print(f"neuron-dra sim --kubernetes real: {err}", file=sys.stderr)
             return 2
+        problem = node_tier_problem(kubelet_minor)
+        if problem:
+            print(f"neuron-dra sim --kubernetes real: {problem}", file=sys.stderr)
+            return 2
         world = (
             f"real Kubernetes {minor} (etcd, kube-apiserver, kube-controller-manager, "
-            "kube-scheduler), neuron-dra-controller, one neuron-dra-kubelet-plugin and a "
-            "simulated kubelet per emulated node"
+            f"kube-scheduler), real nodes (kubelet {kubelet_minor}, containerd, runc), "
+            "neuron-dra-controller and one neuron-dra-kubelet-plugin per emulated node"
         )
     else:
-        minor = None
+        minor = kubelet_minor = None
         world = (
             "fake kube-apiserver, neuron-dra-controller, one neuron-dra-kubelet-plugin per "
             "emulated node, scheduler and kubelets"
@@ -80,6 +86,7 @@ async def run_sim(args: argparse.Namespace) -> int:
         api_port=args.port,
         kubernetes="real" if real else "fake",
         minor=minor,
+        kubelet_minor=kubelet_minor,
     ) as sim:
         print(
             f"  ready in {time.monotonic() - started:.1f} s; API server {sim.url}, "
@@ -104,9 +111,15 @@ async def run_sim(args: argparse.Namespace) -> int:
                 f"  kubectl --kubeconfig {sim.kubeconfig} get nus -n neuron-dra-driver\n"
                 f"  kubectl --kubeconfig {sim.kubeconfig} apply -f examples/specs/"
                 "connected-4-devices.yaml\n"
-                "Pods you create are scheduled and prepared like the walkthrough's "
-                "(Deployments and LeaderWorkerSets are not served by the fake API server).\n"
-                "Ctrl-C to stop.",
+                + (
+                    "Pods run on real nodes: give them hostNetwork: true and one of the "
+                    "local images (neuron_dra.sim.realnode.images.LOCAL_IMAGES).\n"
+                    if real
+                    else "Pods you create are scheduled and prepared like the walkthrough's "
+                    "(Deployments and LeaderWorkerSets are not served by the fake API "
+                    "server).\n"
+                )
+                + "Ctrl-C to stop.",
                 file=out,
             )
             out.flush()

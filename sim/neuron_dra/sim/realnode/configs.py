@@ -113,6 +113,9 @@ def kubelet_config(
         "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
         "imageServiceEndpoint": f"unix://{CONTAINERD_SOCKET}",
         "resolvConf": "",
+        # Its default, /usr/libexec/kubernetes/kubelet-plugins/volume/exec, is the host's:
+        # the kubelet would create it there.
+        "volumePluginDir": "/var/lib/kubelet/volumeplugins",
         # The /proc/sys files the kubelet checks hold its values already (layout.py).
         "protectKernelDefaults": False,
         "evictionHard": {"memory.available": "100Mi"},

@@ -28,6 +28,7 @@ from . import cgroups
 from .configs import CNI_BIN_DIR, RUNC
 from .images import BUSYBOX, ImageError, build_images
 from .layout import PRIVATE_DIRS
+from .namespace import NodeError
 from .node import NodeBinaries, NodeSpec, RealNode, free_port
 
 _ROOT_PREFIX = "ndra-node-"
@@ -59,6 +60,42 @@ def node_tier_problem(minor: str) -> str | None:
         if here.is_relative_to(private):
             return f"the checkout is under {private}, which a real node replaces by its own"
     return None
+
+
+#: inotify instances one node holds: the kubelet 6 (cAdvisor, the plugin watcher, the
+#: flexvolume prober, its serving certificate, the client CA, one more), containerd 2.
+INOTIFY_PER_NODE = 8
+
+
+def inotify_room() -> tuple[int, int]:
+    """(instances free for this user, the limit): the machine's
+    ``fs.inotify.max_user_instances`` (128 by default) bounds how many real nodes run at
+    once, and this machine's sysctls are not ours to raise."""
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    used = 0
+    uid = os.geteuid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid != uid:
+                continue
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) == "anon_inode:inotify":
+                    used += 1
+        except OSError:
+            continue
+    return limit - used, limit
+
+
+def check_room(count: int) -> None:
+    free, limit = inotify_room()
+    if count * INOTIFY_PER_NODE > free:
+        raise NodeError(
+            f"{count} more real nodes need ~{count * INOTIFY_PER_NODE} inotify instances; "
+            f"{free} of the user's {limit} (fs.inotify.max_user_instances) are free: stop "
+            f"other clusters' nodes first (about {limit // INOTIFY_PER_NODE - 2} run at once)"
+        )
 
 
 def _cgroup_root(name: str) -> str:
@@ -99,6 +136,7 @@ class RealNodeFleet:
         """Start a node per ``(name, labels)``, side by side; returns once every kubelet is
         healthy (its Node registers a moment later)."""
         remove_orphaned_roots()
+        check_room(len(nodes))
         try:
             images = build_images()
         except ImageError as err:

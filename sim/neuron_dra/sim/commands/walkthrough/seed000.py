@@ -23,7 +23,7 @@ from neuron_dra.sim.commands.walkthrough.tools import (
     WalkthroughTools,
     expect,
 )
-from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE, node_dns_name
+from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE
 
 WORKLOAD_PLACEHOLDER = "<trn3pds instance type>"
 
@@ -139,7 +139,7 @@ class OperatorSteps(WalkthroughTools):
             {v.node for v in ranks.values()} == set(tagged), "the pods run on the allocated nodes"
         )
         leaders = {v.env.get(ENV_RANK0) for v in ranks.values()}
-        leader = node_dns_name(ranks[0].node)
+        leader = self.sim.node_address(ranks[0].node)
         expect(leaders == {leader}, f"one rank-0 host ({leader}), got {leaders}")
         modes = {v.env.get(ENV_MODE) for v in ranks.values()}
         expect(modes == {"1"}, f"topologySize 4: {ENV_MODE}=1 (X4) everywhere, got {modes}")

@@ -1,0 +1,137 @@
+"""seeds/000 (UltraServer Operator): each failure strategy after a node of a running workload
+dies, on a cluster of three UltraServers (one spare) with a control plane of its own."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from e2e.operator import NAME, NS, allocated, deployment, ranks, seed_workload, state
+from neuron_dra.sim.commands.walkthrough import Walkthrough
+from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.simcluster import SimCluster, ultraservers
+from neuron_dra.sim.worlds import cluster_kwargs, own_control_plane
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+
+# --- failure strategies: three UltraServers, so one is spare ---------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def spare_cluster(world: str) -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
+    with own_control_plane(world) as cp:
+        async with SimCluster(ultraservers(3), **cluster_kwargs(world, cp)) as sim:
+            yield sim, Walkthrough(sim, io.StringIO())
+
+
+async def run_and_fail(
+    sim: SimCluster, walk: Walkthrough, strategy: str
+) -> tuple[PodSet, dict[int, tuple[str, str, str]], str, str]:
+    """Allocate the seed workload with ``strategy``, run the Deployment, kill rank 5's node.
+    Returns (the Deployment, ranks before, the failed node, its UltraServer)."""
+    await sim.apply(seed_workload(strategy))
+    await allocated(sim)
+    deploy = await sim.apply(deployment())
+    before = await ranks(walk, await walk.running_workload(deploy))
+    failed = before[5][1]
+    await sim.fail_node(failed)
+    us = next(n.ultraserver_id for n in sim.nodes if n.name == failed)
+    assert us is not None
+    return deploy, before, failed, us
+
+
+def stuck_on(sim: SimCluster, node: str) -> list[dict[str, Any]]:
+    """Pods deleted on ``node`` that stay Terminating: its kubelet is gone."""
+    return [
+        p
+        for p in sim.pods(NS)
+        if p["spec"].get("nodeName") == node and p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def conditions(sim: SimCluster) -> dict[str, dict[str, Any]]:
+    w = sim.workload(NAME) or {}
+    return {x["type"]: x for x in (w.get("status") or {}).get("conditions") or []}
+
+
+async def test_noop_reports_and_moves_nothing(
+    spare_cluster: tuple[SimCluster, Walkthrough],
+) -> None:
+    sim, walk = spare_cluster
+    _, before, failed, _ = await run_and_fail(sim, walk, "NoOp")
+    await sim.wait_until(lambda: state(sim) == "PartiallyAllocated", "PartiallyAllocated")
+    degraded = conditions(sim)["Degraded"]
+    assert degraded["status"] == "True" and failed in degraded["message"]
+    (event,) = await sim.wait_until(lambda: sim.events(NAME, "NodeFailure"), "NodeFailure")
+    assert event["type"] == "Warning" and "NoOp" in event["note"]
+    # Nothing moved: the same 8 pods on the same nodes; the spare stays free.
+    pods = [p for p in sim.pods(NS)]
+    assert sorted(p["metadata"]["uid"] for p in pods) == sorted(u for u, _, _ in before.values())
+    spare = [u for u in sim.ultraservers() if u["status"]["state"] == "Available"]
+    assert len(spare) == 1
+
+
+async def test_restart_all_reallocates_everything_and_restarts_every_pod(
+    spare_cluster: tuple[SimCluster, Walkthrough],
+) -> None:
+    sim, walk = spare_cluster
+    deploy, before, failed, failed_us = await run_and_fail(sim, walk, "RestartAll")
+    old = {u for u, _, _ in before.values()}
+
+    def restarted() -> list[dict[str, Any]] | None:
+        pods = sim.running_workload(deploy)
+        if pods and not ({p["metadata"]["uid"] for p in pods} & old) and state(sim) == "Allocated":
+            return pods
+        return None
+
+    pods = await sim.wait_until(restarted, "8 new pods Running after RestartAll")
+    after = await ranks(walk, pods)
+    assert sorted(after) == list(range(8))
+    nodes = {node for _, node, _ in after.values()}
+    assert failed not in nodes
+    status = sim.workload(NAME)["status"]  # type: ignore[index]
+    assert failed_us not in status["allocatedUltraServers"]
+    assert status["totalNodesAllocated"] == 8
+    await sim.wait_until(lambda: sim.events(NAME, "NodeFailure"), "NodeFailure event")
+    # The dead node's pod was deleted too, but no kubelet ends its grace period: it stays
+    # Terminating (its claim held by it), as in Kubernetes, while its replacement runs.
+    (stuck,) = stuck_on(sim, failed)
+    assert stuck["metadata"]["uid"] in old
+
+
+async def test_replace_affected_swaps_the_failed_unit_and_restarts_only_its_pods(
+    spare_cluster: tuple[SimCluster, Walkthrough],
+) -> None:
+    sim, walk = spare_cluster
+    deploy, before, failed, failed_us = await run_and_fail(sim, walk, "ReplaceAffected")
+    us_of = {n.name: n.ultraserver_id for n in sim.nodes}
+    affected = {r for r, (_, node, _) in before.items() if us_of[node] == failed_us}
+    assert affected == {4, 5, 6, 7}
+
+    kept = {before[r][0] for r in range(8) if r not in affected}
+    old = {uid for uid, _, _ in before.values()}
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = sim.running_workload(deploy)
+        if not pods or state(sim) != "Allocated":
+            return None
+        uids = {p["metadata"]["uid"] for p in pods}
+        return pods if len(uids) == 8 and uids & old == kept else None
+
+    after = await ranks(walk, await sim.wait_until(replaced, "the failed unit's pods replaced"))
+    assert sorted(after) == list(range(8))
+    assert {r for r in after if after[r][0] != before[r][0]} == affected
+    for r in range(4):
+        assert after[r] == before[r]  # untouched: same pod, node and leader
+    new_us = {us_of[after[r][1]] for r in affected}
+    assert len(new_us) == 1 and failed_us not in new_us
+    assert all(after[r][2] == sim.node_address(before[0][1]) for r in range(8))  # rank 0 stayed
+    status = sim.workload(NAME)["status"]  # type: ignore[index]
+    assert failed_us not in status["allocatedUltraServers"]
+    await sim.wait_until(lambda: sim.events(NAME, "UnitsReplaced"), "UnitsReplaced event")
+    (stuck,) = stuck_on(sim, failed)
+    assert stuck["metadata"]["uid"] == before[5][0]
