@@ -55,6 +55,14 @@ KUBELET_PLUGIN: tuple[Use, ...] = (
         "prepare/budget.py read_claim: claim to prepare",
     ),
     _use(
+        "",
+        "pods",
+        "get",
+        "cluster",
+        "prepare/preparer.py _read_pods: the claims' consumer pods, for the Neuron devices "
+        "each container gets",
+    ),
+    _use(
         "events.k8s.io",
         "events",
         "create",

@@ -10,10 +10,11 @@ claim's CDI ids gets each variable exactly once. (Repeating identical values on 
 would also work, as CDI keeps the last value per name, but the spec-level edit says what we
 mean.) Per-device edits carry only that device's ``/dev/neuron<N>`` nodes.
 
-Known limit: a container that names one request of a multi-request claim
-(``resources.claims[].request``) gets only that request's device nodes but the whole claim's
-core range. A per-request range cannot be expressed with one spec-level variable, and two
-claims in one container would each set the variable (the runtime takes one contiguous range).
+A claim's environment describes the Neuron devices of the containers that use it, which is
+not always the claim's own set: a container naming two claims needs the cores of both in
+each claim's spec (the runtime keeps the last value of a variable), and a container naming
+one request of a two-request claim only that request's cores. The preparer works out that
+set from the claims' consumer pods (prepare/containers.py) and passes it as ``env_indices``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -207,8 +208,11 @@ def cdi_spec_for(
     *,
     cdi_kind: str = CDI_KIND,
     topology: UltraServerPeers | None = None,
+    env_indices: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """The CDI spec (JSON-ready dict) for one prepared claim."""
+    """The CDI spec (JSON-ready dict) for one prepared claim. Its environment describes
+    ``env_indices`` when given: the Neuron devices of the containers that use the claim
+    (prepare/containers.py), else the claim's own."""
     devices = []
     for _, device in plan.devices:
         indices = plan.device_indices if device == NODE_DEVICE_NAME else _own_index(device)
@@ -220,7 +224,8 @@ def cdi_spec_for(
         )
     if not devices:
         raise CdiError(f"claim {plan.key}: no devices")
-    env = claim_env(plan, inventory, topology=topology)
+    scope = plan if env_indices is None else replace(plan, device_indices=tuple(env_indices))
+    env = claim_env(scope, inventory, topology=topology)
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": cdi_kind,

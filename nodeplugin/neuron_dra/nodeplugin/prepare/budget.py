@@ -3,9 +3,10 @@
 The kubelet gives each NodePrepareResources / NodeUnprepareResources call 45 s and then gives
 up (reference/kubelet-dra.md §4.1). Inside that budget every claim gets an answer of its own:
 :class:`PrepareFailure` says why one claim is not prepared now and whether the kubelet's retry
-can help (``permanent``: the claim or the node must change first). :func:`read_claim` is the
-one API read of a Prepare, retried with backoff only as long as an answer still fits the
-budget, so a claim whose read keeps failing gets a clear error instead of a cancellation.
+can help (``permanent``: the claim or the node must change first). :func:`read_claim` (and the
+consumer pods' reads, :func:`read_object`) are a Prepare's API reads, retried with backoff
+only as long as an answer still fits the budget, so a claim whose read keeps failing gets a
+clear error instead of a cancellation.
 """
 
 from __future__ import annotations
@@ -89,26 +90,50 @@ async def read_claim(
     rng: random.Random,
 ) -> dict[str, Any]:
     """GET the claim, retrying retryable errors within the attempts and the budget."""
-    key = f"{ref.namespace}/{ref.name}"
+    claim = await read_object(
+        api, "ResourceClaim", ref.name, ref.namespace,
+        deadline=deadline, limits=limits, clock=clock, rng=rng, missing_ok=False,
+    )  # fmt: skip
+    assert claim is not None
+    return claim
+
+
+async def read_object(
+    api: ResourceClient,
+    kind: str,
+    name: str,
+    namespace: str,
+    *,
+    deadline: float,
+    limits: PrepareLimits,
+    clock: Clock,
+    rng: random.Random,
+    missing_ok: bool,
+) -> dict[str, Any] | None:
+    """GET one object, retrying retryable errors within the attempts and the budget; a
+    missing object is None with ``missing_ok``, else a permanent failure."""
+    key = f"{namespace}/{name}"
     last: KubeError | None = None
     for attempt in range(limits.attempts):
         remaining = deadline - clock.now()
         if remaining <= 0:
             break
         try:
-            claim = await api.get(
-                ref.name,
-                ref.namespace,
+            obj: dict[str, Any] = await api.get(
+                name,
+                namespace,
                 request_timeout=max(0.1, min(limits.request_timeout, remaining)),
             )
         except NotFoundError:
+            if missing_ok:
+                return None
             raise PrepareFailure(
-                f"ResourceClaim {key} not found", reason="NotFound", permanent=True
+                f"{kind} {key} not found", reason="NotFound", permanent=True
             ) from None
         except KubeError as exc:
             if not exc.retryable:
                 raise PrepareFailure(
-                    f"cannot read ResourceClaim {key}: {exc.message}",
+                    f"cannot read {kind} {key}: {exc.message}",
                     reason="APIError",
                     permanent=True,
                 ) from exc
@@ -121,12 +146,12 @@ async def read_claim(
                 delay = max(delay, exc.retry_after)
             if delay >= deadline - clock.now():
                 break  # sleeping past the budget would only make the answer late
-            log.debug("reading ResourceClaim %s failed (%s); retrying in %.2fs", key, exc, delay)
+            log.debug("reading %s %s failed (%s); retrying in %.2fs", kind, key, exc, delay)
             await clock.sleep(delay)
             continue
-        return claim
+        return obj
     raise PrepareFailure(
-        f"cannot read ResourceClaim {key} within the prepare budget "
+        f"cannot read {kind} {key} within the prepare budget "
         f"({limits.budget:g}s, {limits.attempts} attempts): "
         f"{last.message if last else 'budget exhausted'}",
         reason="APIUnavailable",

@@ -46,13 +46,13 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from neuron_dra.common.constants import DRIVER_NAME
 from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
-from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient
+from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.cdi import (
@@ -60,6 +60,7 @@ from neuron_dra.nodeplugin.cdi import (
     CdiError,
     UltraServerPeers,
     cdi_spec_for,
+    claim_env,
     remove_cdi_spec,
     spec_file_name,
     write_cdi_spec,
@@ -73,11 +74,12 @@ from neuron_dra.nodeplugin.kubeletapi import (
     UnprepareResult,
 )
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
-from neuron_dra.nodeplugin.prepare import decide
+from neuron_dra.nodeplugin.prepare import containers, decide
 from neuron_dra.nodeplugin.prepare.budget import (
     PrepareFailure,
     PrepareLimits,
     read_claim,
+    read_object,
     state_failure,
 )
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
@@ -119,9 +121,28 @@ def _no_topology(plan: ClaimPlan) -> UltraServerPeers | None:
     return None
 
 
+def consumer_pods(claim: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pods a claim is reserved for, as (name, uid)."""
+    return tuple(
+        (str(r.get("name")), str(r.get("uid")))
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if r.get("resource") == "pods" and not r.get("apiGroup")
+    )
+
+
 @dataclass(frozen=True)
 class _Planned:
-    """A claim read and planned (step 2), ready for step 3."""
+    """A claim read and planned (step 2); its CDI spec comes once every claim of the batch
+    is planned (a container may use several)."""
+
+    plan: ClaimPlan
+    #: The pods the claim is reserved for: (name, uid).
+    consumers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class _Specced:
+    """A claim planned, with its CDI spec: ready for step 3."""
 
     plan: ClaimPlan
     spec: dict[str, Any]
@@ -230,12 +251,13 @@ class Preparer:
                 planned = await asyncio.gather(
                     *(self._read_and_plan(ref, deadline) for ref in todo)
                 )
-            ready: list[tuple[ClaimRef, _Planned]] = []
+            read: list[tuple[ClaimRef, _Planned]] = []
             for ref, item in zip(todo, planned, strict=True):
                 if isinstance(item, _Planned):
-                    ready.append((ref, item))
+                    read.append((ref, item))
                 else:
                     outcomes[ref.uid] = item
+            ready = await self._with_specs(read, deadline, outcomes) if read else []
             # 3. Node lock: conflict checks, CDI spec writes and checkpoint entries.
             if ready:
                 outcomes.update(
@@ -303,14 +325,96 @@ class Preparer:
                 node_name=self._node,
                 driver_name=self._driver,
             )
-            return _Planned(plan, self._spec(plan))
+            return _Planned(plan, consumer_pods(claim))
         except Exception as exc:
             return _Outcome(exc, self._clock.now())
 
-    def _spec(self, plan: ClaimPlan) -> dict[str, Any]:
+    async def _with_specs(
+        self,
+        read: Sequence[tuple[ClaimRef, _Planned]],
+        deadline: float,
+        outcomes: dict[str, _Outcome],
+    ) -> list[tuple[ClaimRef, _Specced]]:
+        """The CDI spec of each claim read, its environment describing the Neuron devices of
+        the containers that use it (prepare/containers.py); the consumer pods are read only
+        when a container could get more or fewer devices than the claim holds. A claim no
+        environment can be right for fails (``outcomes``), alone."""
+        out: list[tuple[ClaimRef, _Specced]] = []
+        namespaces = dict.fromkeys(item.plan.namespace for _, item in read)
+        for ns in namespaces:
+            items = [(ref, item) for ref, item in read if item.plan.namespace == ns]
+            plans = [item.plan for _, item in items]
+            batch = {p.claim_uid for p in plans}
+            entries = [
+                e
+                for e in self._state.checkpoint.claims.values()
+                if e.namespace == ns and e.uid not in batch
+            ]
+            pods: list[dict[str, Any]] = []
+            if containers.needs_pods(plans, len(entries)):
+                try:
+                    pods = await self._read_pods(ns, items, deadline)
+                except PrepareFailure as exc:
+                    for ref, _ in items:
+                        outcomes[ref.uid] = _Outcome(exc, self._clock.now())
+                    continue
+            decided = containers.env_indices(plans, entries, pods, self._env_of)
+            for ref, item in items:
+                indices = decided[ref.uid]
+                try:
+                    if isinstance(indices, str):
+                        raise PrepareFailure(
+                            f"ResourceClaim {item.plan.key}: {indices}",
+                            reason="ContainerDevices",
+                            permanent=True,
+                            event=True,
+                        )
+                    spec = self._spec(item.plan, indices)
+                except PrepareFailure as exc:
+                    outcomes[ref.uid] = _Outcome(exc, self._clock.now())
+                    continue
+                out.append((ref, _Specced(item.plan, spec)))
+        return out
+
+    async def _read_pods(
+        self, namespace: str, items: Sequence[tuple[ClaimRef, _Planned]], deadline: float
+    ) -> list[dict[str, Any]]:
+        """The claims' consumer pods as they are now (one that is gone uses nothing)."""
+        wanted = dict.fromkeys(c for _, item in items for c in item.consumers)
+        pods = await asyncio.gather(
+            *(
+                read_object(
+                    self._kube.resource(PODS), "Pod", name, namespace,
+                    deadline=deadline, limits=self._limits, clock=self._clock, rng=self._rng,
+                    missing_ok=True,
+                )
+                for name, _ in wanted
+            )
+        )  # fmt: skip
+        return [
+            pod
+            for pod, (_, uid) in zip(pods, wanted, strict=True)
+            if pod is not None and (pod.get("metadata") or {}).get("uid") == uid
+        ]
+
+    def _env_of(self, plan: ClaimPlan, indices: tuple[int, ...]) -> Mapping[str, str]:
+        try:
+            return claim_env(
+                replace(plan, device_indices=indices),
+                self._inventory(),
+                topology=self._topology(plan),
+            )
+        except CdiError as exc:
+            raise ValueError(str(exc)) from None
+
+    def _spec(self, plan: ClaimPlan, env_indices: Sequence[int]) -> dict[str, Any]:
         try:
             return cdi_spec_for(
-                plan, self._inventory(), cdi_kind=self._cdi_kind, topology=self._topology(plan)
+                plan,
+                self._inventory(),
+                cdi_kind=self._cdi_kind,
+                topology=self._topology(plan),
+                env_indices=None if tuple(env_indices) == plan.device_indices else env_indices,
             )
         except CdiError as exc:
             # plan_claim should have refused whatever cannot be expressed (and the topology
@@ -325,7 +429,7 @@ class Preparer:
     # step 3
 
     async def _prepare_planned(
-        self, ready: Sequence[tuple[ClaimRef, _Planned]]
+        self, ready: Sequence[tuple[ClaimRef, _Specced]]
     ) -> dict[str, _Outcome]:
         """Step 3 (node lock held, checkpoint fresh): decide every claim of the batch against
         the checkpoint and the claims accepted before it in the batch (batch order wins a
