@@ -1037,6 +1037,35 @@ async def test_replace_affected_swaps_only_the_failed_unit(
     cluster.assert_no_double_booking()
 
 
+async def test_replace_affected_names_the_new_unit_before_the_old_claims_go(
+    ctl: Controller, cluster: Cluster, fake_apiserver: FakeAPIServer
+) -> None:
+    """Deleting the failed unit's claims is what lets its pods be replaced: by then the
+    status must already name the replacement UltraServer (what users rely on)."""
+    for us in ("us-a", "us-b", "us-c"):
+        cluster.add_ultraserver(us)
+    obj = await allocate(ctl, cluster, "job", size=4, count=2, strategy="ReplaceAffected")
+    cluster.publish_tags()
+    cluster.create_claim_with_pod("claim-us-b", wid_of(obj), "us-b-n2")
+    await ctl.converge(f"{NS}/job")
+    seen: list[str] = []
+
+    def recording(req: RequestInfo) -> bool:
+        if (req.resource, req.subresource) == ("neuronultraserverworkloads", "status"):
+            seen.append("status " + ",".join(req.body["status"]["allocatedUltraServers"]))
+        elif req.resource == "resourceclaims" and req.verb == "delete":
+            seen.append("delete claim")
+        return False
+
+    fake_apiserver.faults.fail_next_write(recording, n=10_000)
+    cluster.set_ready("us-b-n2", False)
+    await ctl.converge(f"{NS}/job")
+    fake_apiserver.faults.clear()
+    assert "delete claim" in seen
+    first_delete = seen.index("delete claim")
+    assert "status us-a,us-c" in seen[:first_delete], seen
+
+
 async def test_replace_affected_moves_the_leader_with_unit_zero(
     ctl: Controller, cluster: Cluster
 ) -> None:

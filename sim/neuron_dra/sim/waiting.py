@@ -7,6 +7,7 @@ whenever one of them reports a change through a listener list it calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,9 +20,13 @@ async def wait_until(
     what: str,
     limit: float,
     sources: Sequence[Listeners],
+    *,
+    poll: float | None = None,
 ) -> T:
     """Return ``predicate()`` once truthy; it is evaluated now and after every call of a
-    listener added to each of ``sources``. ``TimeoutError`` naming ``what`` after ``limit`` s."""
+    listener added to each of ``sources`` (and every ``poll`` seconds, for state no source
+    reports, such as a log file another process writes). ``TimeoutError`` naming ``what``
+    after ``limit`` s."""
     changed = asyncio.Event()
 
     def poke(*_args: Any) -> None:
@@ -36,7 +41,11 @@ async def wait_until(
                 got = predicate()
                 if got:
                     return got
-                await changed.wait()
+                if poll is None:
+                    await changed.wait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), poll)
     except TimeoutError:
         raise TimeoutError(f"timed out after {limit:g}s waiting for {what}") from None
     finally:

@@ -185,6 +185,12 @@ async def _replace_affected(
     kept = {h.index for h in keep}
     new_units = [u for u in units if u.index not in kept]
     await t.write.write_entries(wl, new_units, units[0])
+    # The status names the new units before the failed unit's claims go: deleting them is
+    # what lets its pods be replaced, so a replacement pod never runs while the status still
+    # names the failed UltraServer (README: failure strategies). A crash right after the status
+    # write leaves those claims outside the workload's nodes; the next reconcile deletes
+    # them as strays.
+    result = await finish(t, obj, wl, list(units), None)
     evicted = await delete_claims(
         t.ctx, wl.namespace, wl.wid, on_nodes={n for h in failed for n in h.nodes}
     )
@@ -197,7 +203,7 @@ async def _replace_affected(
         "UnitsReplaced",
         f"{what}; replaced {replaced}; deleted claims {', '.join(evicted) or 'none'}",
     )
-    return await finish(t, obj, wl, list(units), None)
+    return result
 
 
 async def _degraded(

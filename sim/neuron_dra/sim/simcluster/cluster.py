@@ -94,6 +94,7 @@ class SimCluster(ClusterReads):
         identities: Callable[[str], Path] | None = None,
         nodes_kind: str | None = None,
         kubelet_minor: str | None = None,
+        kubelet_verbosity: int = 2,
     ) -> None:
         """``kubernetes``: ``"fake"`` or ``"real"``. On a real world, ``control_plane`` is
         the one to use (default: the process's shared one of ``minor``, default the newest
@@ -108,7 +109,8 @@ class SimCluster(ClusterReads):
         kubelet with its own containerd (:mod:`neuron_dra.sim.realnode`) and our plugin as a
         process inside it; ``"simulated"`` (the only choice on the fake world) runs our
         simulated kubelets and the plugins in this process. ``kubelet_minor`` picks the
-        real kubelets' minor (default: the control plane's)."""
+        real kubelets' minor (default: the control plane's), ``kubelet_verbosity`` their
+        ``--v``."""
         if kubernetes not in KUBERNETES_WORLDS:
             raise ValueError(f"kubernetes must be one of {KUBERNETES_WORLDS}, not {kubernetes!r}")
         nodes_kind = nodes_kind or (REAL_NODES if kubernetes == REAL else SIMULATED_NODES)
@@ -116,6 +118,7 @@ class SimCluster(ClusterReads):
             raise ValueError("real nodes need a real control plane (kubernetes='real')")
         self.nodes_kind = nodes_kind
         self._kubelet_minor = kubelet_minor
+        self._kubelet_verbosity = kubelet_verbosity
         self.real_nodes: RealNodes | None = None
         self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
         check_unique(self.nodes)
@@ -213,7 +216,10 @@ class SimCluster(ClusterReads):
         """Real kubelets register their Nodes; wait until every one is Ready."""
         assert self.real is not None
         self.real_nodes = RealNodes(
-            self.real, self.workdir / "nodes", kubelet_minor=self._kubelet_minor
+            self.real,
+            self.workdir / "nodes",
+            kubelet_minor=self._kubelet_minor,
+            kubelet_verbosity=self._kubelet_verbosity,
         )
         # From this (main) thread: the nodes' processes die with the thread that forked them.
         self.real_nodes.start(self.nodes)
@@ -388,7 +394,12 @@ class SimCluster(ClusterReads):
     # --- waiting ---------------------------------------------------------------------------
 
     async def wait_until(
-        self, predicate: Callable[[], T | None], what: str, limit: float | None = None
+        self,
+        predicate: Callable[[], T | None],
+        what: str,
+        limit: float | None = None,
+        *,
+        poll: float | None = None,
     ) -> T:
         """``predicate()`` once truthy; re-checked on every API write and after every sync of
         the control plane's loops (a kubelet's unprepare changes files, not the API)."""
@@ -399,7 +410,8 @@ class SimCluster(ClusterReads):
             sources.append(self.real_nodes.watch.listeners)
         if self.cp is not None:
             sources += [loop.listeners for loop in self.cp.loops]
-        return await wait_until(predicate, what, self.limit if limit is None else limit, sources)
+        limit = self.limit if limit is None else limit
+        return await wait_until(predicate, what, limit, sources, poll=poll)
 
     # --- applying manifests ----------------------------------------------------------------
 

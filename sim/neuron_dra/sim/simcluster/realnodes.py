@@ -44,9 +44,10 @@ def node_labels(node: SimNode) -> dict[str, str]:
     return {"node.kubernetes.io/instance-type": node.instance_type}
 
 
-def plugin_argv(node: SimNode, kubeconfig: Path) -> list[str]:
+def plugin_argv(node: SimNode, kubeconfig: Path, pod_uid: str | None = None) -> list[str]:
     """Our kubelet plugin as the chart's DaemonSet runs it, with the chart's default paths
-    (inside the node they are the node's own), emulating the node's instance type."""
+    (inside the node they are the node's own), emulating the node's instance type; with a
+    ``pod_uid`` its sockets are that pod's (two instances side by side during an upgrade)."""
     argv = [
         sys.executable, "-m", "neuron_dra.sim.soak.procs", "plugin",
         "--node-name", node.name,
@@ -61,6 +62,8 @@ def plugin_argv(node: SimNode, kubeconfig: Path) -> list[str]:
         argv += ["--emulated-ultraserver-id", node.ultraserver_id]
     if node.ultraserver_node_id is not None:
         argv += ["--emulated-ultraserver-node-id", str(node.ultraserver_node_id)]
+    if pod_uid:
+        argv += ["--pod-uid", pod_uid]
     return argv
 
 
@@ -125,9 +128,15 @@ class RealNodes:
         workdir: Path,
         *,
         kubelet_minor: str | None = None,
+        kubelet_verbosity: int = 2,
     ) -> None:
         self.cp = control_plane
-        self.fleet = RealNodeFleet(control_plane, workdir=workdir, kubelet_minor=kubelet_minor)
+        self.fleet = RealNodeFleet(
+            control_plane,
+            workdir=workdir,
+            kubelet_minor=kubelet_minor,
+            verbosity=kubelet_verbosity,
+        )
         self.watch = DirectoryWatch(lambda: [n.layout.cdi_dir for n in self.fleet.nodes.values()])
         self.plugins: dict[str, Component] = {}
         self._specs: dict[str, SimNode] = {}
@@ -145,10 +154,20 @@ class RealNodes:
         self._specs.update({n.name: n for n in nodes})
         self.watch.start()
 
-    def start_plugin(self, name: str, kubeconfig: Path) -> None:
+    def start_plugin(
+        self, name: str, kubeconfig: Path | None = None, *, pod_uid: str | None = None
+    ) -> Component:
+        """Start the plugin process of node ``name`` (again: the kubeconfig it had); with a
+        ``pod_uid`` a second instance beside the first, as a rolling update runs it."""
+        kubeconfig = kubeconfig or self._kubeconfigs[name]
         self._kubeconfigs[name] = kubeconfig
         node = self.fleet.nodes[name]
-        self.plugins[name] = node.spawn(PLUGIN, plugin_argv(self._specs[name], kubeconfig))
+        # As the DaemonSet's pods do, every instance has a pod UID: its sockets carry it.
+        uid = pod_uid or f"{name}-plugin"
+        comp = node.spawn(f"{PLUGIN}-{uid}", plugin_argv(self._specs[name], kubeconfig, uid))
+        if not pod_uid:
+            self.plugins[name] = comp
+        return comp
 
     def plugin_failed(self) -> str | None:
         """A plugin that exited, with its log's telling lines (a start must not hang on it)."""
@@ -157,10 +176,12 @@ class RealNodes:
                 return f"plugin on {name} exited with {comp.proc.returncode}:\n{tail(comp.log)}"
         return None
 
-    def stop_plugin(self, name: str, *, kill: bool = False) -> None:
+    def stop_plugin(self, name: str, *, kill: bool = False, pod_uid: str | None = None) -> None:
+        uid = pod_uid or f"{name}-plugin"
         if name in self.fleet.nodes:
-            self.fleet.nodes[name].stop_spawned(PLUGIN, kill=kill)
-        self.plugins.pop(name, None)
+            self.fleet.nodes[name].stop_spawned(f"{PLUGIN}-{uid}", kill=kill)
+        if not pod_uid:
+            self.plugins.pop(name, None)
 
     def fail(self, name: str) -> None:
         """The node dies: every process of it (kubelet, containerd, pods, plugin) is killed."""

@@ -1,0 +1,49 @@
+"""The kubelet side of the plugin on real nodes: a small cluster (two trn2.48xlarge nodes, no
+controller) per kubelet minor: 1.34 and 1.37 on their own control planes, and the kubelets
+pinned for their nodes only (1.35, 1.36) against the newest control plane, as the
+version-skew policy allows: the real-node smoke of those minors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from neuron_dra.sim.kubebuild import kube_modules, newest_minor
+from neuron_dra.sim.realcluster import enabled_minors
+from neuron_dra.sim.simcluster import SimCluster, SimNode
+from neuron_dra.sim.worlds import real_control_plane, require_real_nodes
+
+NODES = [SimNode("kn-0", "trn2.48xlarge"), SimNode("kn-1", "trn2.48xlarge")]
+
+
+def kubelet_params() -> list[str]:
+    full = enabled_minors()
+    if not full:
+        return []
+    nodes_only = [m.name for m in kube_modules() if not m.has_control_plane]
+    return [*full, *(nodes_only if newest_minor() in full else [])]
+
+
+@pytest.fixture(scope="package", params=kubelet_params())
+def kubelet(request: pytest.FixtureRequest) -> str:
+    """The kubelets' minor (pytest ids: ``1.34`` ...)."""
+    return str(request.param)
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def cluster(kubelet: str) -> AsyncIterator[SimCluster]:
+    require_real_nodes(kubelet)
+    full = kubelet in enabled_minors()
+    control_plane = real_control_plane(kubelet if full else newest_minor())
+    async with SimCluster(
+        NODES,
+        kubernetes="real",
+        control_plane=control_plane,
+        minor=control_plane.minor,
+        kubelet_minor=kubelet,
+        kubelet_verbosity=3,  # "Processing resource": the kubelet has begun a Prepare
+        controller=False,
+    ) as sim:
+        yield sim
