@@ -20,7 +20,7 @@ from neuron_dra.sim.gangbench.harness import (
     report_table,
     run,
 )
-from neuron_dra.sim.worlds import require_built
+from neuron_dra.sim.worlds import require_built, require_real_nodes
 
 MINOR = "1.34"
 
@@ -61,6 +61,7 @@ def test_table_percentiles_and_steps() -> None:
 
 def test_gang_start_smoke() -> None:
     require_built(MINOR)
+    require_real_nodes(MINOR)
     # Small (2 x 4 on 3 UltraServers, one run): CI runs it; the recorded run is 4 x 4.
     opts = Options(runs=1, ultraservers=3, server_count=2, minor=MINOR, limit=60.0, progress=False)
     result = run(opts)

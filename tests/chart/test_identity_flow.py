@@ -105,7 +105,12 @@ def _pod(i: int) -> dict[str, Any]:
         "metadata": {"name": f"{WORKLOAD}-{i}", "labels": {"app": WORKLOAD}},
         "spec": {
             "containers": [
-                {"name": "c", "image": "trainer", "resources": {"claims": [{"name": "neuron"}]}}
+                {
+                    "name": "c",
+                    "image": "public.ecr.aws/docker/library/alpine:latest",
+                    "command": ["sleep", "infinity"],
+                    "resources": {"claims": [{"name": "neuron"}]},
+                }
             ],
             "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": TEMPLATE}],
         },

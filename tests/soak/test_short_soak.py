@@ -93,6 +93,11 @@ def test_the_checker_sees_claims_outside_the_reservation_and_partial_units(
         k for k, _ in soak.check_always(_snapshot(claims=[claim], nus=[nus], workloads=[workload]))
     }
     assert kinds == {"not-all-or-nothing", "outside-reservation"}
+    # Allocated only in the read after the entries' (its allocation finished in between): a
+    # half-written view, not a half allocation.
+    torn = _snapshot(claims=[], nus=[nus], workloads=[workload])
+    torn["workloads_before"] = []
+    assert soak.check_always(torn) == []
 
 
 def test_the_checker_sees_orphans_and_tags_out_of_step(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from neuron_dra.sim.controlplane.base import is_active
 from neuron_dra.sim.paths import chart_crd_dir, repo_root
 from neuron_dra.sim.peerbench.stats import percentile
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
+from neuron_dra.sim.realnode.podspec import for_real_nodes
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
 from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE
 
@@ -244,6 +245,8 @@ async def one_run(
     name = f"gang-{index}"
     path = files / f"{name}.yaml"
     docs = manifests(name, opts.server_count)
+    if sim.has_real_nodes:  # pods run as containers on this machine's real nodes
+        docs = [for_real_nodes(d) for d in docs]
     path.write_text(yaml.safe_dump_all(docs))
     steps = [path]
     if opts.two_step:

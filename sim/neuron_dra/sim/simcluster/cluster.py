@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
@@ -457,8 +458,36 @@ class SimCluster(ClusterReads):
             await api.delete(name, namespace if namespaced else None)
 
     async def apply_file(self, path: Path, namespace: str = "default") -> list[Any]:
+        """Apply a file of manifests: with the real ``kubectl apply`` on a real world, as a
+        user would (what the seeds' examples are), else over HTTP (:meth:`apply`)."""
         docs = [d for d in yaml.safe_load_all(await asyncio.to_thread(path.read_text)) if d]
-        return [await self.apply(doc, namespace) for doc in docs]
+        if not self.is_real:
+            return [await self.apply(doc, namespace) for doc in docs]
+        return [await self._kubectl_apply(doc, namespace) for doc in docs]
+
+    async def _kubectl_apply(self, manifest: Mapping[str, Any], namespace: str) -> Any:
+        """``kubectl apply -f -`` of one manifest; LeaderWorkerSets (not a Kubernetes kind)
+        keep their simulated controller, a Deployment comes back as its handle."""
+        assert self.real is not None and self.kube is not None and self.cp is not None
+        if manifest.get("kind") == "LeaderWorkerSet":
+            return await self.apply(manifest, namespace)
+        if self.has_real_nodes:
+            manifest = for_real_nodes(manifest)
+        proc = await asyncio.create_subprocess_exec(
+            str(self.real.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig),
+            "apply", "-n", namespace, "-o", "json", "-f", "-",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate(json.dumps(manifest).encode())
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl apply: {err.decode(errors='replace').strip()}")
+        created = json.loads(out)
+        if manifest.get("kind") == "Deployment":
+            deployment = Deployment(self.kube, manifest, namespace, self._pods_by_selector)
+            self.cp.workloads.append(deployment)  # type: ignore[arg-type]
+            return deployment
+        return created
 
     async def remove(self, workload: PodSet) -> None:
         assert self.cp is not None

@@ -75,8 +75,13 @@ def always_violations(snap: JsonDict) -> list[tuple[str, str]]:
         for w in snap["workloads"]
         if (w.get("status") or {}).get("workloadId") and not w["metadata"].get("deletionTimestamp")
     }
+    # Allocated and unchanged from before the entries were read to after (settling.py).
+    before: list[JsonDict] = snap["workloads_before" if "workloads_before" in snap else "workloads"]
+    steady = {(w["metadata"].get("uid"), w["metadata"].get("resourceVersion")) for w in before}
     for wid, w in live.items():
         if (w.get("status") or {}).get("state") != "Allocated":
+            continue
+        if (w["metadata"].get("uid"), w["metadata"].get("resourceVersion")) not in steady:
             continue
         mine = [e for _, e in entries if e.get("workloadId") == wid]
         spec = w["spec"]

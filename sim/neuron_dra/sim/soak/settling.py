@@ -29,14 +29,21 @@ if TYPE_CHECKING:
 async def snapshot(soak: Soak) -> JsonDict:
     """What the checks read: the API objects and each node's checkpoint and CDI specs."""
     assert soak.kube is not None
+    # Lists of different kinds are reads at different moments. The controller writes a
+    # workload's entries before its Allocated status and its Deallocating status before it
+    # removes them, so the workloads are read before and after the entries: one Allocated,
+    # unchanged, in both reads held its entries in between (the all-or-nothing check reads
+    # it so; a concurrent read of both once saw an allocation half-written).
+    workloads_api = soak.kube.resource(NEURON_ULTRASERVER_WORKLOADS)
+    before = (await workloads_api.list_all(NS)).items
     lists = await asyncio.gather(
         soak.kube.resource(RESOURCE_CLAIMS).list_all(NS),
         soak.kube.resource(NEURON_ULTRASERVERS).list_all(DRIVER_NAMESPACE),
-        soak.kube.resource(NEURON_ULTRASERVER_WORKLOADS).list_all(NS),
         soak.kube.resource(RESOURCE_SLICES).list_all(),
         soak.kube.resource(PODS).list_all(NS),
     )
-    claims, nus, workloads, slices, pods = (x.items for x in lists)
+    claims, nus, slices, pods = (x.items for x in lists)
+    workloads = (await workloads_api.list_all(NS)).items
     files: dict[str, tuple[dict[str, JsonDict], set[str]]] = {}
     for node in soak.nodes:
         files[node.name] = (read_checkpoint(soak, node.name), read_cdi(soak, node.name))
@@ -44,6 +51,7 @@ async def snapshot(soak: Soak) -> JsonDict:
         "claims": claims,
         "nus": nus,
         "workloads": workloads,
+        "workloads_before": before,
         "slices": slices,
         "pods": pods,
         "files": files,

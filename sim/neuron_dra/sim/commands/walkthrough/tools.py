@@ -93,7 +93,7 @@ class WalkthroughTools:
 
     async def apply_spec(self, name: str) -> list[Any]:
         self.say(f"  kubectl apply -f examples/specs/{name}")
-        return [await self.sim.apply(doc, NS) for doc in self.spec(name)]
+        return await self.sim.apply_file(self.specs / name, NS)
 
     def device_attr(self, node: str, device: str, attr: str) -> Any:
         for s in self.sim.slices():
