@@ -44,6 +44,7 @@ async def cluster(kubelet: str) -> AsyncIterator[SimCluster]:
         minor=control_plane.minor,
         kubelet_minor=kubelet,
         kubelet_verbosity=3,  # "Processing resource": the kubelet has begun a Prepare
+        plugin_args=("--rescan-interval", "2"),  # health changes show in seconds
         controller=False,
     ) as sim:
         yield sim

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,7 +52,9 @@ def snapshot() -> dict[str, object]:
 
 
 @pytest.mark.skipif(not enabled_minors(), reason="no real Kubernetes minor enabled")
-def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was(tmp_path: Path) -> None:
+def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was() -> None:
+    # A short directory: the node's containerd socket is reached by a path under it.
+    tmp_path = Path(tempfile.mkdtemp(prefix="ndra-host-", dir="/tmp"))
     minor = newest_minor()
     require_real_nodes(minor)
     cp = real_control_plane(minor)
@@ -72,6 +76,10 @@ def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was(tmp_path: Path) -> None
     manifest = tmp_path / "pod.json"
     manifest.write_text(json.dumps(pod))
     try:
+        deadline = time.monotonic() + 60
+        while not cp.kubectl("get", "sa", "default", "-o", "name", check=False):
+            assert time.monotonic() < deadline, "no default ServiceAccount"
+            time.sleep(0.2)  # a fresh control plane's controller-manager makes it soon
         cp.kubectl("apply", "-f", str(manifest))
         cp.kubectl("wait", "--for=condition=Ready", "pod/host-check", "--timeout=60s")
         assert node.namespace.processes(), "the node's processes run in its namespace"
@@ -88,3 +96,4 @@ def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was(tmp_path: Path) -> None
         ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert not leftovers, f"processes of the node still running: {leftovers}"
+    shutil.rmtree(tmp_path)

@@ -192,7 +192,9 @@ async def test_plugin_killed_while_the_kubelet_prepares_then_the_pod_runs(
 async def test_two_plugin_instances_during_an_upgrade_fail_no_prepare(sim: SimCluster) -> None:
     await sim.apply(template("one"))
     rn = nodes(sim)
-    rn.start_plugin("kn-0", pod_uid="kn-0-next")  # the new DaemonSet pod, beside the old
+    # The new DaemonSet pod beside the old, ready (registered) before the old one goes, as a
+    # rolling update with maxSurge waits for.
+    await rn.wait_ready(rn.start_plugin("kn-0", pod_uid="kn-0-next"))
     for i in range(3):
         await sim.apply(pod(f"during-{i}", "kn-0", template_name="one"))
     rn.stop_plugin("kn-0")  # the old pod goes (SIGTERM)
@@ -200,10 +202,11 @@ async def test_two_plugin_instances_during_an_upgrade_fail_no_prepare(sim: SimCl
         await sim.apply(pod(f"during-{i}", "kn-0", template_name="one"))
     names = [f"during-{i}" for i in range(5)]
     await sim.wait_until(lambda: sim.running(names), "every pod of the upgrade Running")
-    assert not [e for n in names for e in sim.events(n, "FailedPrepareDynamicResources")]
+    failed = [e["note"] for n in names for e in sim.events(n, "FailedPrepareDynamicResources")]
+    assert not failed
     await settled(sim, "kn-0", {claim_uid(sim, n) for n in names}, "every claim prepared")
     # The next instance serves on: put the usual one back for the next tests.
-    rn.start_plugin("kn-0")
+    await rn.wait_ready(rn.start_plugin("kn-0"))
     rn.stop_plugin("kn-0", pod_uid="kn-0-next")
 
 
@@ -269,7 +272,8 @@ async def test_a_claim_shared_by_two_pods_is_prepared_once_and_kept_for_the_last
 
 
 def resource_health(sim: SimCluster, pod_name: str) -> dict[str, str]:
-    """resourceID -> health, from the pod's ``allocatedResourcesStatus``."""
+    """resourceID -> health, from the pod's ``allocatedResourcesStatus``. The kubelet names a
+    device by its first CDI device id (``k8s.neuron.aws.com/claim=<claim uid>-<device>``)."""
     p = sim.pod(pod_name) or {}
     out: dict[str, str] = {}
     for status in (p.get("status") or {}).get("containerStatuses") or []:
@@ -279,31 +283,56 @@ def resource_health(sim: SimCluster, pod_name: str) -> dict[str, str]:
     return out
 
 
-async def test_an_unhealthy_device_shows_in_the_pods_status(sim: SimCluster, kubelet: str) -> None:
-    if tuple(int(p) for p in kubelet.split(".")) < (1, 36):
-        pytest.skip(
-            f"kubelet {kubelet}: ResourceHealthStatus is alpha and off by default before 1.36; "
-            "its kubelet opens no health stream"
-        )
+def slice_healthy(sim: SimCluster, node_name: str, device: str) -> bool | None:
+    """The device's ``healthy`` attribute in its node's ResourceSlice."""
+    for sl in sim.slices():
+        if sl["spec"].get("nodeName") != node_name:
+            continue
+        for d in sl["spec"].get("devices") or []:
+            if d["name"] == device:
+                value = (d.get("attributes") or {}).get("healthy") or {}
+                return value.get("bool")  # type: ignore[no-any-return]
+    return None
+
+
+async def test_an_unhealthy_device_shows_where_the_kubelet_can_show_it(
+    sim: SimCluster, kubelet: str
+) -> None:
+    """From 1.36 (ResourceHealthStatus on by default) the kubelet reads our health stream
+    and puts the device's health in the pod's status; before, it opens no stream, the pod
+    status says nothing, and the ResourceSlice's ``healthy`` attribute is where it shows."""
+    streams = tuple(int(p) for p in kubelet.split(".")) >= (1, 36)
     await sim.apply(template("one"))
     await sim.apply(pod("watched", "kn-1", template_name="one"))
     (running,) = await sim.wait_until(lambda: sim.running(["watched"]), "watched Running")
     (claim,) = sim.claims_of(running).values()
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     device = str(result["device"])
-    resource_id = f"neuron.aws.com/{result['pool']}/{device}"
-    await sim.wait_until(
-        lambda: resource_health(sim, "watched").get(resource_id) == "Healthy", "Healthy reported"
-    )
+    resource_id = f"k8s.neuron.aws.com/claim={claim['metadata']['uid']}-{device}"
+    if streams:
+        await sim.wait_until(
+            lambda: resource_health(sim, "watched").get(resource_id) == "Healthy",
+            "Healthy reported",
+        )
     root = node(sim, "kn-1").layout.host_path(f"{DATA_DIR}/emulated/kn-1")
     paths = EmulatedPaths(root / "sys", root / "dev", root / "opt")
     index = int(device.removeprefix("neurondevice"))
     mark_unhealthy(paths, index, ["hbm"])
     try:
         await sim.wait_until(
-            lambda: resource_health(sim, "watched").get(resource_id) == "Unhealthy",
-            "Unhealthy in the pod's allocatedResourcesStatus",
+            lambda: slice_healthy(sim, "kn-1", device) is False, "healthy=false in the slice"
         )
+        if streams:
+            await sim.wait_until(
+                lambda: resource_health(sim, "watched").get(resource_id) == "Unhealthy",
+                "Unhealthy in the pod's allocatedResourcesStatus",
+            )
+        else:
+            assert resource_health(sim, "watched") == {}
+            assert sim.running(["watched"]), "the pod runs on, nothing broken"
     finally:
         with contextlib.suppress(OSError):
             mark_unhealthy(paths, index, [])
+        await sim.wait_until(
+            lambda: slice_healthy(sim, "kn-1", device) is True, "healthy again in the slice"
+        )

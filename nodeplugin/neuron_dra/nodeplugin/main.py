@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(_env("HTTP_PORT", "8081") or 8081),
         help="healthz/readyz/metrics port; 0 picks a free one and prints it (env HTTP_PORT)",
     )
+    p.add_argument(
+        "--rescan-interval",
+        type=float,
+        default=float(_env("RESCAN_INTERVAL", "30") or 30),
+        help="seconds between reads of sysfs for devices and their health: how soon a failing "
+        "device is tainted and reported (env RESCAN_INTERVAL)",
+    )
     add_logging_flags(p)
     return p
 
@@ -76,6 +83,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if not args.node_name:
         raise SystemExit("neuron-dra-kubelet-plugin: --node-name (or NODE_NAME) is required")
     node_id = args.emulated_ultraserver_node_id
+    if args.rescan_interval <= 0:
+        raise SystemExit("neuron-dra-kubelet-plugin: --rescan-interval must be positive")
     return PluginConfig(
         node_name=args.node_name,
         pod_uid=args.pod_uid or None,
@@ -89,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         emulated_ultraserver_node_id=int(node_id) if node_id not in (None, "") else None,
         http_port=args.http_port,
         namespace=args.namespace,
+        rescan_interval=args.rescan_interval,
     )
 
 

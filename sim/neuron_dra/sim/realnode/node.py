@@ -115,6 +115,12 @@ class RealNode:
 
     def prepare(self) -> None:
         """The node's directories and configuration files (nothing runs yet)."""
+        sock = str(self.layout.containerd_socket)
+        if len(sock.encode()) > 107:  # sun_path: the socket is reached from here by this path
+            raise NodeError(
+                f"node {self.name}: {sock} is {len(sock)} bytes, longer than a unix socket "
+                "path may be (107): give the node a shorter directory"
+            )
         for d in self.layout.directories():
             d.mkdir(parents=True, exist_ok=True)
         write_proc_sys(self.layout, self.boot_id)

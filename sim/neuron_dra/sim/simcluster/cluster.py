@@ -96,6 +96,7 @@ class SimCluster(ClusterReads):
         nodes_kind: str | None = None,
         kubelet_minor: str | None = None,
         kubelet_verbosity: int = 2,
+        plugin_args: Sequence[str] = (),
     ) -> None:
         """``kubernetes``: ``"fake"`` or ``"real"``. On a real world, ``control_plane`` is
         the one to use (default: the process's shared one of ``minor``, default the newest
@@ -111,7 +112,7 @@ class SimCluster(ClusterReads):
         process inside it; ``"simulated"`` (the only choice on the fake world) runs our
         simulated kubelets and the plugins in this process. ``kubelet_minor`` picks the
         real kubelets' minor (default: the control plane's), ``kubelet_verbosity`` their
-        ``--v``."""
+        ``--v``, ``plugin_args`` flags added to the plugin processes'."""
         if kubernetes not in KUBERNETES_WORLDS:
             raise ValueError(f"kubernetes must be one of {KUBERNETES_WORLDS}, not {kubernetes!r}")
         nodes_kind = nodes_kind or (REAL_NODES if kubernetes == REAL else SIMULATED_NODES)
@@ -120,6 +121,7 @@ class SimCluster(ClusterReads):
         self.nodes_kind = nodes_kind
         self._kubelet_minor = kubelet_minor
         self._kubelet_verbosity = kubelet_verbosity
+        self._plugin_args = tuple(plugin_args)
         self.real_nodes: RealNodes | None = None
         self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
         check_unique(self.nodes)
@@ -221,6 +223,7 @@ class SimCluster(ClusterReads):
             self.workdir / "nodes",
             kubelet_minor=self._kubelet_minor,
             kubelet_verbosity=self._kubelet_verbosity,
+            plugin_args=self._plugin_args,
         )
         # From this (main) thread: the nodes' processes die with the thread that forked them.
         self.real_nodes.start(self.nodes)

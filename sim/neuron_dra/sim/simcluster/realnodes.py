@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,9 @@ def node_labels(node: SimNode) -> dict[str, str]:
     return {"node.kubernetes.io/instance-type": node.instance_type}
 
 
-def plugin_argv(node: SimNode, kubeconfig: Path, pod_uid: str | None = None) -> list[str]:
+def plugin_argv(
+    node: SimNode, kubeconfig: Path, pod_uid: str | None = None, extra: Sequence[str] = ()
+) -> list[str]:
     """Our kubelet plugin as the chart's DaemonSet runs it, with the chart's default paths
     (inside the node they are the node's own), emulating the node's instance type; with a
     ``pod_uid`` its sockets are that pod's (two instances side by side during an upgrade)."""
@@ -64,7 +68,7 @@ def plugin_argv(node: SimNode, kubeconfig: Path, pod_uid: str | None = None) -> 
         argv += ["--emulated-ultraserver-node-id", str(node.ultraserver_node_id)]
     if pod_uid:
         argv += ["--pod-uid", pod_uid]
-    return argv
+    return [*argv, *extra]
 
 
 def parse_look_inside(output: str) -> ContainerDevices:
@@ -112,6 +116,14 @@ class DirectoryWatch:
             await asyncio.sleep(self._interval)  # a file system has no change stream here
 
 
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _mtime(path: Path) -> int:
     try:
         return os.stat(path).st_mtime_ns
@@ -129,8 +141,10 @@ class RealNodes:
         *,
         kubelet_minor: str | None = None,
         kubelet_verbosity: int = 2,
+        plugin_args: Sequence[str] = (),
     ) -> None:
         self.cp = control_plane
+        self.plugin_args = tuple(plugin_args)
         self.fleet = RealNodeFleet(
             control_plane,
             workdir=workdir,
@@ -164,10 +178,29 @@ class RealNodes:
         node = self.fleet.nodes[name]
         # As the DaemonSet's pods do, every instance has a pod UID: its sockets carry it.
         uid = pod_uid or f"{name}-plugin"
-        comp = node.spawn(f"{PLUGIN}-{uid}", plugin_argv(self._specs[name], kubeconfig, uid))
+        argv = plugin_argv(self._specs[name], kubeconfig, uid, self.plugin_args)
+        comp = node.spawn(f"{PLUGIN}-{uid}", argv)
         if not pod_uid:
             self.plugins[name] = comp
         return comp
+
+    async def wait_ready(self, comp: Component, limit: float = 60.0) -> None:
+        """Until the plugin instance's ``/readyz`` says yes: registered with the kubelet and
+        its slice published (what the DaemonSet's readiness probe waits for). Its port is
+        the one it printed when it started."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while loop.time() < deadline:
+            if comp.proc is not None and comp.proc.poll() is not None:
+                raise RuntimeError(f"plugin {comp.name} exited:\n{tail(comp.log)}")
+            ports: list[str] = re.findall(
+                r": http port (\d+)", comp.log.read_text(errors="replace")
+            )
+            ready: bool = bool(ports) and await asyncio.to_thread(_ready, int(ports[-1]))
+            if ready:
+                return
+            await asyncio.sleep(0.1)  # a readiness endpoint, polled like a kubelet probe
+        raise TimeoutError(f"plugin {comp.name} not ready after {limit:g} s")
 
     def plugin_failed(self) -> str | None:
         """A plugin that exited, with its log's telling lines (a start must not hang on it)."""
