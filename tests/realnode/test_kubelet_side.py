@@ -130,7 +130,17 @@ async def sim(cluster: SimCluster) -> AsyncIterator[SimCluster]:
     for kind in ("ResourceClaimTemplate", "ResourceClaim"):
         for o in cluster.view.list("resource.k8s.io/v1", kind, NS):
             await cluster.delete("resource.k8s.io/v1", kind, o["metadata"]["name"], NS)
-    await cluster.wait_until(lambda: cluster.idle(NS), "pods gone and every claim unprepared")
+    try:
+        await cluster.wait_until(lambda: cluster.idle(NS), "pods gone and every claim unprepared")
+    except TimeoutError as exc:
+        left = {
+            "pods": [(p["metadata"]["name"], p["status"].get("phase")) for p in cluster.pods(NS)],
+            "claims": [c["metadata"]["name"] for c in cluster.claims(NS)],
+            "cdi": {
+                n.name: sorted(list_cdi_specs(cluster.cdi_root(n.name))) for n in cluster.nodes
+            },
+        }
+        raise TimeoutError(f"{exc}: left {left}") from None
 
 
 # --- the kubelet restarts ----------------------------------------------------------------------
@@ -173,7 +183,8 @@ async def test_plugin_killed_while_the_kubelet_prepares_then_the_pod_runs(
         await sim.apply(template("one"))
         await sim.apply(pod("mid", "kn-1", template_name="one"))
         log = node(sim, "kn-1").components[KUBELET].log
-        marker = re.compile(r'"Processing resource" pod="default/mid"')
+        # 1.34/1.35 put the pod in the message's keys, 1.36+ in the logger's context.
+        marker = re.compile(r'"Processing resource".*default/mid')
         await sim.wait_until(
             lambda: marker.search(log.read_text(errors="replace")),
             "the kubelet preparing mid",
