@@ -311,3 +311,24 @@ def test_busy_election(tmp_path: Path) -> None:
     assert "ultraserver_mode, node_id_2, node_id_4" in inv.problems[0]
     # Devices are still usable while the election runs.
     assert len(inv.devices) == 16
+
+
+def test_reuse_keeps_a_complete_tree_of_the_same_parameters(tmp_path: Path) -> None:
+    """A second plugin instance (a rolling update) must not wipe the tree the first is
+    scanning; what was written into it (a device marked unhealthy) stays."""
+    from neuron_dra.nodeplugin.discovery.emulation import mark_unhealthy
+
+    paths = write_emulated_tree(tmp_path, "trn2.48xlarge", node_name="n", reuse=True)
+    mark_unhealthy(paths, 3, ["hbm"])
+    marked = sorted(
+        p for p in paths.sysfs_root.rglob("unhealthy_components") if p.read_text().strip()
+    )
+    assert len(marked) == 1
+    write_emulated_tree(tmp_path, "trn2.48xlarge", node_name="n", reuse=True)
+    assert marked[0].read_text().strip() == "hbm"
+    # Other parameters, or no reuse: written anew.
+    write_emulated_tree(tmp_path, "trn2.48xlarge", node_name="n", lnc=1, reuse=True)
+    assert not marked[0].read_text().strip()
+    mark_unhealthy(paths, 3, ["hbm"])
+    write_emulated_tree(tmp_path, "trn2.48xlarge", node_name="n", lnc=1)
+    assert not marked[0].read_text().strip()

@@ -213,6 +213,7 @@ class KubeletPlugin:
             node_name=cfg.node_name,
             ultraserver_id=cfg.emulated_ultraserver_id,
             ultraserver_node_id=cfg.emulated_ultraserver_node_id,
+            reuse=True,
         )
 
     async def _write_emulated_tree(self) -> None:

@@ -248,6 +248,10 @@ def _write(path: Path, text: str) -> None:
     _Writer().write(path, text)
 
 
+#: The parameters a tree was written with, written once it is complete (``reuse``).
+PARAMS_FILE = "emulation.json"
+
+
 def _prepare_root(root: Path) -> None:
     """Clear a previous emulated tree at ``root``; refuse to touch anything else."""
     if not root.exists():
@@ -275,9 +279,15 @@ def write_emulated_tree(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     lnc: int | None = None,
     efa: bool = False,
+    reuse: bool = False,
 ) -> EmulatedPaths:
     """Write the tree for ``instance_type`` under ``root`` (replacing an earlier emulated
     tree there) and return where the scanner should look.
+
+    With ``reuse``, a complete tree written earlier with the same parameters is kept as it is
+    (what a node's devices do across a plugin restart): a second plugin instance of a rolling
+    update must not wipe the tree the first one is scanning, and state written into it (a
+    device marked unhealthy) survives the restart.
 
     Raises ValueError for an unknown type, UltraServer values on a type that is not
     UltraServer-capable, an out-of-range node id, an LNC the type does not allow, or EFA on a
@@ -303,13 +313,30 @@ def write_emulated_tree(
         raise ValueError(f"driver version {driver_version!r} is not a version string")
     chip = _CHIPS[profile.device_name]
 
-    _prepare_root(root)
     paths = EmulatedPaths(
         sysfs_root=root / "sys",
         dev_root=root / "dev",
         opt_root=root / "opt",
         efa_map_path=root / EFA_MAP_FILE if efa else None,
     )
+    params = json.dumps(
+        {
+            "format": 1,
+            "instanceType": instance_type,
+            "nodeName": node_name,
+            "ultraserverId": ultraserver_id,
+            "ultraserverNodeId": ultraserver_node_id,
+            "driverVersion": driver_version,
+            "lnc": lnc,
+            "efa": efa,
+        },
+        sort_keys=True,
+    )
+    written = root / PARAMS_FILE
+    if reuse and written.is_file() and written.read_text() == params:
+        return paths
+    written.unlink(missing_ok=True)  # a tree being rewritten is not complete
+    _prepare_root(root)
     sysfs, dev = paths.sysfs_root, paths.dev_root
     w = _Writer(root)
     w.write(sysfs / EMULATION_MARKER, f"{instance_type}\n")
@@ -333,6 +360,8 @@ def write_emulated_tree(
     if paths.efa_map_path is not None:
         mapping = {str(i): efa_pci_address(i) for i in range(profile.device_count)}
         w.write(paths.efa_map_path, json.dumps(mapping, indent=2) + "\n")
+    # Last: only a complete tree is ever reused.
+    written.write_text(params)
     return paths
 
 
