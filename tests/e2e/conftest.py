@@ -7,8 +7,7 @@ inf2.48xlarge: 12 real kubelet plugins, the controller, scheduler and kubelets) 
 the package's tests: starting it takes seconds. The ``sim`` fixture hands it to one test and
 afterwards returns it to idle (workload controllers stopped, pods, templates and UltraServer
 workloads deleted, every claim unprepared and released), so tests do not depend on each
-other's order. Tests that break nodes build their own cluster (on a real world, with a
-control plane of their own).
+other's order. Tests that break nodes use a cluster of their own (tests/e2e_clusters).
 """
 
 from __future__ import annotations
@@ -18,35 +17,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from neuron_dra.common import constants as c
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.simcluster import SimCluster, default_nodes
 from neuron_dra.sim.worlds import cluster_kwargs, world_params
 
-NS = "default"
-
-
-async def reset(sim: SimCluster) -> None:
-    """Back to an idle cluster, through the API like a user would."""
-    assert sim.cp is not None
-    for workload in list(sim.cp.workloads):
-        await sim.cp.remove(workload)
-    for w in sim.view.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS):
-        await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, w["metadata"]["name"], NS)
-    for pod in sim.pods(NS):
-        await sim.delete("v1", "Pod", pod["metadata"]["name"], NS)
-    for rct in sim.view.list("resource.k8s.io/v1", "ResourceClaimTemplate", NS):
-        await sim.delete("resource.k8s.io/v1", "ResourceClaimTemplate", rct["metadata"]["name"], NS)
-
-    def idle() -> bool:
-        states = {(u.get("status") or {}).get("state") for u in sim.ultraservers()}
-        return (
-            sim.idle(NS)
-            and not sim.view.list(c.CRD_API_VERSION, c.KIND_WORKLOAD, NS)
-            and states <= {"Available"}
-        )
-
-    await sim.wait_until(idle, "the cluster back to idle")
+from .reset import reset
 
 
 @pytest.fixture(scope="package", params=world_params())

@@ -1,5 +1,7 @@
 """seeds/000 (UltraServer Operator): each failure strategy after a node of a running workload
-dies, on a cluster of three UltraServers (one spare) with a control plane of its own."""
+dies, on a cluster of three UltraServers (one spare) with a control plane of its own, shared
+by the strategies: after each, the failed node comes back (a new boot) and the cluster is
+reset."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from e2e.operator import NAME, NS, allocated, deployment, ranks, seed_workload, state
+from e2e.reset import reset
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.controlplane.workloads import PodSet
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
@@ -21,11 +24,22 @@ pytestmark = pytest.mark.asyncio(loop_scope="package")
 # --- failure strategies: three UltraServers, so one is spare ---------------------------------
 
 
-@pytest_asyncio.fixture(loop_scope="package")
-async def spare_cluster(world: str) -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def spare_world(world: str) -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
+    """One cluster of three UltraServers per world, with a control plane of its own."""
     with own_control_plane(world) as cp:
         async with SimCluster(ultraservers(3), **cluster_kwargs(world, cp)) as sim:
             yield sim, Walkthrough(sim, io.StringIO())
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def spare_cluster(
+    spare_world: tuple[SimCluster, Walkthrough],
+) -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
+    """The world's cluster for one test; afterwards the failed node comes back (a new boot)
+    and everything the test made is gone."""
+    yield spare_world
+    await reset(spare_world[0])
 
 
 async def run_and_fail(

@@ -84,6 +84,18 @@ class ControlPlane:
             await self._stop_quietly(loop)
         self._started.clear()
 
+    async def restart_kubelet(self, node: str, registrar_dir: Path) -> None:
+        """A new kubelet for ``node`` (its node came back): it knows nothing of before."""
+        old = self.kubelets.get(node)
+        if old is not None:
+            await self._stop_quietly(old)
+            with contextlib.suppress(ValueError):
+                self._started.remove(old)
+        kubelet = SimKubelet(self.kube, node, registrar_dir)
+        self.kubelets[node] = kubelet
+        await kubelet.start()
+        self._started.append(kubelet)
+
     @staticmethod
     async def _stop_quietly(loop: Loop[Any]) -> None:
         try:

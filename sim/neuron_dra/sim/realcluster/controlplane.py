@@ -39,10 +39,14 @@ from .processes import (
     SCHEDULER,
     Component,
     ControlPlaneError,
+    as_user,
     free_port,
+    give_to,
     launch,
+    reachable,
     tail,
     terminate,
+    unprivileged_ids,
     with_hosts_file,
 )
 from .profiles import profile_for
@@ -256,7 +260,6 @@ class RealControlPlane:
             f"{self.url}/readyz",
         )  # fmt: skip
         apiserver = self._components[APISERVER]
-        apiserver.argv = with_hosts_file(self.hosts_file, apiserver.argv)
         for name, identity in (
             (CONTROLLER_MANAGER, KUBE_CONTROLLER_MANAGER),
             (SCHEDULER, KUBE_SCHEDULER),
@@ -288,6 +291,16 @@ class RealControlPlane:
                 ],
                 f"https://127.0.0.1:{port}/healthz",
             )  # fmt: skip
+        # Every component as an unprivileged user (processes.UNPRIVILEGED_USER), owning the
+        # run's files; the bind mount of the API server's hosts file needs root, so it is made
+        # before the user changes.
+        ids = unprivileged_ids()
+        if ids is not None and not reachable(ids, self.workdir):
+            ids = None  # a work directory others cannot reach: run as we are
+        for comp in self._components.values():
+            comp.argv = as_user(ids, comp.argv)
+        apiserver.argv = with_hosts_file(self.hosts_file, apiserver.argv)
+        give_to(ids, self.workdir)
 
     def _add(self, name: str, args: list[str], health_url: str) -> None:
         assert self.workdir is not None

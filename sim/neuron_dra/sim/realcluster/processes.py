@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import re
 import signal
 import socket
+import stat
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -46,6 +48,59 @@ class Component:
     health_url: str | None
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+
+
+#: Who the control plane's processes run as when we are root: none of them needs root
+#: (loopback ports above 1024, files under the run's work directory), and every inotify
+#: instance they hold (the API server's and controllers' certificate watchers) would
+#: otherwise count against root's, which the real nodes' kubelets and containerds need
+#: (``fs.inotify.max_user_instances`` is per user).
+UNPRIVILEGED_USER = "nobody"
+
+
+def unprivileged_ids() -> tuple[int, int] | None:
+    """(uid, gid) to run the control plane as, or None when we are not root (then it runs
+    as us) or the machine has no such user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(UNPRIVILEGED_USER)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+def reachable(ids: tuple[int, int], path: Path) -> bool:
+    """Whether the user ``ids`` may walk down to ``path`` (x on every directory above it): a
+    work directory under pytest's private temporary root is not reachable to others."""
+    uid, gid = ids
+    for parent in path.resolve().parents:
+        st = parent.stat()
+        bit = (
+            stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+        )
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def as_user(ids: tuple[int, int] | None, argv: list[str]) -> list[str]:
+    """``argv`` run as ``ids`` (``setpriv``), keeping the parent-death signal that a change of
+    credentials clears; unchanged when ``ids`` is None."""
+    if ids is None:
+        return argv
+    uid, gid = ids
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+            "--pdeathsig=KILL", "--", *argv]  # fmt: skip
+
+
+def give_to(ids: tuple[int, int] | None, root: Path) -> None:
+    """Make ``root`` and everything under it ``ids``' (the control plane's files)."""
+    if ids is None:
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in (*dirnames, *filenames))]:
+            os.lchown(name, *ids)
 
 
 def with_hosts_file(hosts: Path, argv: list[str]) -> list[str]:

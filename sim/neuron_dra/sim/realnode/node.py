@@ -97,6 +97,7 @@ class RealNode:
         self.components: dict[str, Component] = {}
         self.spawned: dict[str, Component] = {}
         self.boot_id = str(uuid.uuid4())
+        self._booted = False
 
     @property
     def name(self) -> str:
@@ -105,6 +106,11 @@ class RealNode:
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> RealNode:
+        """Start the node; once more after :meth:`stop` it boots again (a new boot id), on
+        the disk it had."""
+        if self._booted:
+            self.boot_id = str(uuid.uuid4())
+        self._booted = True
         try:
             self.prepare()
             self._boot()

@@ -29,6 +29,7 @@ import json
 import logging
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -123,6 +124,8 @@ class SimCluster(ClusterReads):
         self._kubelet_verbosity = kubelet_verbosity
         self._plugin_args = tuple(plugin_args)
         self.real_nodes: RealNodes | None = None
+        #: Nodes failed by :meth:`fail_node` and not recovered yet.
+        self.failed_nodes: set[str] = set()
         self.nodes: list[SimNode] = list(default_nodes() if nodes is None else nodes)
         check_unique(self.nodes)
         # Unix socket paths are limited to 108 bytes: keep the root short.
@@ -515,6 +518,7 @@ class SimCluster(ClusterReads):
         Terminating (no kubelet ends their grace period), and so do the claims they hold;
         a ReplicaSet replaces them at once, as it counts only pods not being deleted."""
         assert self.cp is not None
+        self.failed_nodes.add(name)
         if self.real_nodes is not None:
             self.real_nodes.fail(name)
             assert self.kube is not None
@@ -532,6 +536,27 @@ class SimCluster(ClusterReads):
             await set_node_ready(self.kube, name, False)
         else:
             self._set_ready(name, False)
+
+    async def recover_node(self, name: str) -> None:
+        """A failed node comes back (a new boot): its kubelet, plugin and Lease run again and
+        it reports Ready; its kubelet then finishes the pods deleted while it was away, and
+        the plugin, on a new boot id, forgets what it had prepared."""
+        assert self.cp is not None
+        self.failed_nodes.discard(name)
+        if self.real_nodes is not None:
+            self.real_nodes.recover(name)  # the kubelet posts Ready itself
+            return
+        (self.node_root(name) / "boot_id").write_text(f"sim-boot-{uuid.uuid4()}\n")
+        if self.is_real:
+            assert self.kube is not None
+            lease = NodeLease(self.kube, name)
+            lease.start()
+            self.leases[name] = lease
+            await set_node_ready(self.kube, name, True)
+        else:
+            self._set_ready(name, True)
+        await self.start_plugin(name)
+        await self.cp.restart_kubelet(name, self.registrar_dir(name))
 
     def _set_ready(self, name: str, ready: bool) -> None:
         node = self.api.get("v1", "Node", name)

@@ -96,6 +96,20 @@ class ClusterReads:
             and (reason is None or e.get("reason") == reason)
         ]
 
+    def whole(self) -> bool:
+        """Every node Ready and its ResourceSlice published (after nodes came back)."""
+        ready = {
+            n["metadata"]["name"]
+            for n in self.view.list("v1", "Node")
+            if any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (n.get("status") or {}).get("conditions") or []
+            )
+        }
+        published = {s["spec"]["nodeName"] for s in self.slices()}
+        names = {n.name for n in self.nodes}
+        return names <= ready and names <= published
+
     def idle(self, namespace: str = "default") -> bool:
         """No pods or claims left in ``namespace`` and every node's CDI directory empty: the
         deleted pods' kubelets have unprepared their claims (for :meth:`wait_until`)."""

@@ -217,9 +217,15 @@ class RealNodes:
             self.plugins.pop(name, None)
 
     def fail(self, name: str) -> None:
-        """The node dies: every process of it (kubelet, containerd, pods, plugin) is killed."""
+        """The node dies: every process of it (kubelet, containerd, pods, plugin) is killed;
+        its disk stays, for :meth:`recover`."""
         self.plugins.pop(name, None)
-        self.fleet.stop_node(name)
+        self.fleet.nodes[name].stop()
+
+    def recover(self, name: str) -> None:
+        """The failed node boots again (a new boot id) and its plugin starts again."""
+        self.fleet.nodes[name].start()
+        self.start_plugin(name)
 
     async def stop(self) -> None:
         await self.watch.stop()
