@@ -1,8 +1,7 @@
 """README's first command: ``neuron-dra sim`` runs the whole walkthrough and exits 0, on the
-fake world, with ``--kubernetes real`` on the newest control plane with real nodes, and
-with the real kubelets of the minors pinned for their nodes only (1.35, 1.36) against that
-control plane: the real-node smoke of those minors. (The same steps run on every full minor's
-shared cluster in tests/e2e.)"""
+fake world, and with ``--kubernetes real`` on the newest control plane with the real kubelets
+of the minors pinned for their nodes only (1.35, 1.36): the real-node smoke of those minors.
+(The same steps run on every full minor's real nodes in tests/e2e.)"""
 
 from __future__ import annotations
 
@@ -29,12 +28,12 @@ def _console_script() -> list[str]:
 
 
 def _runs() -> list[str]:
-    """``fake``, ``real-<newest>`` and ``kubelet-<minor>`` for each node-only minor."""
-    newest = newest_minor()
+    """``fake``, and ``kubelet-<minor>`` for each node-only minor: ``--kubernetes real`` on
+    the newest control plane with those kubelets. (The same steps run on each full minor's
+    real nodes in tests/e2e, and the command's real path is this one.)"""
     nodes_only = [m.name for m in kube_modules() if not m.has_control_plane]
-    real = [f"real-{newest}"] if newest in enabled_minors() else []
-    kubelets = [f"kubelet-{m}" for m in nodes_only] if real else []
-    return ["fake", *real, *kubelets]
+    kubelets = [f"kubelet-{m}" for m in nodes_only] if newest_minor() in enabled_minors() else []
+    return ["fake", *kubelets]
 
 
 def _sim_args(run: str) -> list[str]:
