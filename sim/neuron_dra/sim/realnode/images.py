@@ -26,7 +26,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -199,12 +198,3 @@ def check_local_images(images: Iterable[str]) -> None:
             f"images {unknown} are not on the real nodes (no registry here); use one of "
             f"{list(LOCAL_IMAGES)} or add an alias in neuron_dra.sim.realnode.images.ALIASES"
         )
-
-
-def copy_into(archive: Path, directory: Path) -> Path:
-    """The archive beside a node's files (a node imports from a path it can see)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / archive.name
-    if not target.exists():
-        shutil.copyfile(archive, target)
-    return target
