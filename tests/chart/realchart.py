@@ -210,6 +210,7 @@ def control_plane(
     *,
     components: Sequence[str] = COMPONENTS,
     apiserver_args: Sequence[str] = (),
+    audit_policy: str | None = None,
     workdir: Path | None = None,
 ) -> Iterator[RealControlPlane]:
     """A control plane of ``minor`` of its own, without the project's CRDs (helm installs
@@ -217,7 +218,7 @@ def control_plane(
     require_built(minor)
     with RealControlPlane(
         bin_dir_for(minor), minor, workdir=workdir, components=components,
-        apiserver_args=apiserver_args,
+        apiserver_args=apiserver_args, audit_policy=audit_policy,
     ) as cp:  # fmt: skip
         yield cp
 

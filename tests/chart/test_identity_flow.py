@@ -58,18 +58,13 @@ TEMPLATE = "train-claims"
 # same on every minor; test_security.py and test_helm_install.py cover both minors.
 @pytest.fixture(scope="module", params=minor_params()[:1])
 def installed(
-    request: pytest.FixtureRequest, helm: Helm, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, helm: Helm
 ) -> Iterator[tuple[RealControlPlane, Path]]:
-    tmp = tmp_path_factory.mktemp("identity")
-    policy = tmp / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    audit = tmp / "audit.log"
-    args = (f"--audit-policy-file={policy}", f"--audit-log-path={audit}", "--audit-log-maxsize=0")
-    with control_plane(request.param, apiserver_args=args) as cp:
+    with control_plane(request.param, audit_policy=AUDIT_POLICY) as cp:
         # The chart's own pods stay Pending (nodeSelector matches no node): no image runs
         # here; the components run in the test process under the pods' identities.
         ChartOnCluster(helm, cp).install(OFF_NODES)
-        yield cp, audit
+        yield cp, cp.audit_log
 
 
 def _identities(cp: RealControlPlane, tmp: Path) -> Any:

@@ -66,6 +66,8 @@ class RealControlPlane:
     components: Sequence[str] = COMPONENTS
     crd_paths: Sequence[Path] = ()
     apiserver_args: Sequence[str] = ()
+    #: An audit policy (YAML) to log by: the log is :attr:`audit_log`.
+    audit_policy: str | None = None
     ready_limit: float = 90.0
     url: str = field(init=False, default="")
     _components: dict[str, Component] = field(init=False, default_factory=dict)
@@ -78,6 +80,14 @@ class RealControlPlane:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="ndra-k8s-", dir="/tmp"))
             self._own_workdir = True
+        ids = unprivileged_ids()
+        if ids is not None and not self.workdir.exists() and not reachable(ids, self.workdir):
+            # Under a directory the control plane's user cannot walk (pytest's private tmp):
+            # the files live in one it can, and the asked-for path leads there.
+            self.workdir.parent.mkdir(parents=True, exist_ok=True)
+            real = Path(tempfile.mkdtemp(prefix="ndra-k8s-", dir="/tmp"))
+            self.workdir.symlink_to(real)
+            self.workdir = real
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
@@ -134,6 +144,12 @@ class RealControlPlane:
         return {
             n: c.proc.pid for n, c in self._components.items() if c.proc and c.proc.poll() is None
         }
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (with an ``audit_policy``)."""
+        assert self.workdir is not None
+        return self.workdir / "logs" / "audit.log"
 
     @property
     def ca_cert(self) -> Path:
@@ -255,6 +271,7 @@ class RealControlPlane:
                 "--kubelet-preferred-address-types", "Hostname",
                 "--kubelet-client-certificate", str(kubelet_client_crt),
                 "--kubelet-client-key", str(kubelet_client_key),
+                *self._audit_args(),
                 *self.apiserver_args,
             ],
             f"{self.url}/readyz",
@@ -295,12 +312,26 @@ class RealControlPlane:
         # run's files; the bind mount of the API server's hosts file needs root, so it is made
         # before the user changes.
         ids = unprivileged_ids()
-        if ids is not None and not reachable(ids, self.workdir):
-            ids = None  # a work directory others cannot reach: run as we are
+        named = [Path(a.partition("=")[2] or a) for a in self.apiserver_args]
+        files = [self.workdir, *(p for p in named if p.is_absolute() and p.exists())]
+        if ids is not None and not all(reachable(ids, f) for f in files):
+            ids = None  # files others cannot reach: run as we are
         for comp in self._components.values():
             comp.argv = as_user(ids, comp.argv)
         apiserver.argv = with_hosts_file(self.hosts_file, apiserver.argv)
         give_to(ids, self.workdir)
+
+    def _audit_args(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        assert self.workdir is not None
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(self.audit_policy)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-maxsize=0",
+        ]
 
     def _add(self, name: str, args: list[str], health_url: str) -> None:
         assert self.workdir is not None
