@@ -1,41 +1,52 @@
 """Shared pytest configuration: the fake API server fixtures are available everywhere, and
 the tests that start real nodes run one after another in one xdist worker.
 
-README's test command runs the suite in several processes (``-n 3 --dist loadgroup``): most
-of the real tier's time is waiting on processes, not computing. Real nodes are the exception
-to sharing the machine freely: it runs about a dozen at once (their kubelets and containerds
-hold inotify instances, 128 per user), and ``tests/e2e`` relies on its shared clusters being
-gone before ``tests/e2e_clusters`` starts its own (docs/testing.md). So every test that starts
-real nodes gets the xdist group ``real-nodes``: one worker runs them all, in collection order.
+README's test command runs the suite in several processes (``-n 3``): most of the real
+tier's time is waiting on processes, not computing. Real nodes are the exception to sharing
+the machine freely: it runs about a dozen at once (their kubelets and containerds hold
+inotify instances, 128 per user), and ``tests/e2e`` relies on its shared clusters being gone
+before ``tests/e2e_clusters`` starts its own (docs/testing.md). So the tests that start real
+nodes form one unit of work that one worker runs in collection order
+(:class:`RealNodesScheduling`); every other test is a unit of its own.
+
+(pytest-xdist's own ``--dist loadgroup`` would do this with markers, but under pytest 9 its
+worker-side renaming of node ids has no effect, so the grouping is done here, from node ids.)
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest_plugins = ["neuron_dra.sim.fakeapi.pytest_plugin"]
 
-TESTS = Path(__file__).parent
 REAL_NODES = "real-nodes"
-#: Test files whose every test starts real nodes.
-_ALWAYS = {"realnode", "bench/test_gang_start_smoke.py"}
+#: Test files (or directories) whose every test starts real nodes.
+_ALWAYS = ("tests/realnode/", "tests/bench/test_gang_start_smoke.py")
 #: Test files whose real-world cases (ids real-<minor>, kubelet-<minor>) start real nodes.
-_REAL_CASES = {"e2e", "e2e_clusters", "chart/test_identity_flow.py"}
+_REAL_CASES = ("tests/e2e/", "tests/e2e_clusters/", "tests/chart/test_identity_flow.py")
 
 
-def starts_real_nodes(item: pytest.Item) -> bool:
-    rel = Path(str(item.path)).relative_to(TESTS).as_posix()
-    if any(rel == k or rel.startswith(k + "/") for k in _ALWAYS):
+def starts_real_nodes(nodeid: str) -> bool:
+    """Whether the test of ``nodeid`` (``tests/x.py::test[id]``) starts real nodes."""
+    path, _, rest = nodeid.partition("::")
+    if path.startswith(_ALWAYS):
         return True
-    if not any(rel == k or rel.startswith(k + "/") for k in _REAL_CASES):
+    if not path.startswith(_REAL_CASES):
         return False
-    case_id = str(getattr(getattr(item, "callspec", None), "id", ""))
+    case_id = rest.partition("[")[2].rstrip("]")
     return case_id.startswith(("real-", "kubelet-"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if starts_real_nodes(item):
-            item.add_marker(pytest.mark.xdist_group(REAL_NODES))
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealNodesScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """Every test its own unit of work, but the real-node tests one unit together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return REAL_NODES if starts_real_nodes(nodeid) else nodeid
+
+    return RealNodesScheduling(config, log)

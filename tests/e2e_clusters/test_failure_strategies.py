@@ -24,9 +24,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="package")
 # --- failure strategies: three UltraServers, so one is spare ---------------------------------
 
 
-@pytest_asyncio.fixture(scope="package", loop_scope="package")
+@pytest_asyncio.fixture(scope="module", loop_scope="package")
 async def spare_world(world: str) -> AsyncIterator[tuple[SimCluster, Walkthrough]]:
-    """One cluster of three UltraServers per world, with a control plane of its own."""
+    """One cluster of three UltraServers per world, with a control plane of its own; gone
+    with this module (the sim command's tests start clusters of the same size)."""
     with own_control_plane(world) as cp:
         async with SimCluster(ultraservers(3), **cluster_kwargs(world, cp)) as sim:
             yield sim, Walkthrough(sim, io.StringIO())
