@@ -23,7 +23,7 @@ pytest_plugins = ["neuron_dra.sim.fakeapi.pytest_plugin"]
 
 REAL_NODES = "real-nodes"
 #: Test files (or directories) whose every test starts real nodes.
-_ALWAYS = ("tests/realnode/", "tests/bench/test_gang_start_smoke.py")
+_ALWAYS = ("tests/realnode/",)
 #: Test files whose real-world cases (ids real-<minor>, kubelet-<minor>) start real nodes.
 _REAL_CASES = ("tests/e2e/", "tests/e2e_clusters/", "tests/chart/test_identity_flow.py")
 

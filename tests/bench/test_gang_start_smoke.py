@@ -1,6 +1,7 @@
-"""Smoke of the gang-start benchmark (hack/bench/gang-start): one run of a 1 x 4 workload on
-2 UltraServers (8 real nodes: one spare, so allocation still has a choice; the benchmark's
-default is 4 x 4 on 6), and the table's arithmetic on made-up figures. Not a timed test: it
+"""Smoke of the gang-start benchmark (hack/bench/gang-start): one run of a 2 x 4 workload on
+3 UltraServers (12 simulated nodes, as the recorded figures: one spare, so allocation still
+has a choice; the benchmark's default is 4 x 4 on 6), and the table's arithmetic on made-up
+figures. Not a timed test: it
 checks that the harness runs, that the phases happen in causal order and the ranks are right
 (the harness raises otherwise), not how fast.
 
@@ -20,7 +21,7 @@ from neuron_dra.sim.gangbench.harness import (
     report_table,
     run,
 )
-from neuron_dra.sim.worlds import require_built, require_real_nodes
+from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"
 
@@ -61,11 +62,10 @@ def test_table_percentiles_and_steps() -> None:
 
 def test_gang_start_smoke() -> None:
     require_built(MINOR)
-    require_real_nodes(MINOR)
-    # Small (1 x 4 on 2 UltraServers, one run): CI runs it; the recorded run is 4 x 4.
-    opts = Options(runs=1, ultraservers=2, server_count=1, minor=MINOR, limit=60.0, progress=False)
+    # Small (2 x 4 on 3 UltraServers, one run): CI runs it; the recorded run is 4 x 4.
+    opts = Options(runs=1, ultraservers=3, server_count=2, minor=MINOR, limit=60.0, progress=False)
     result = run(opts)
-    assert result.kubernetes.startswith("v1.34.") and result.nodes == 8
+    assert result.kubernetes.startswith("v1.34.") and result.nodes == 12
     assert len(result.runs) == 1
     for r in result.runs:
         assert set(r.phases) == {p for p, _ in PHASES}
@@ -74,6 +74,6 @@ def test_gang_start_smoke() -> None:
         t = r.phases
         assert t["applied"] > 0 and t["allocated"] > 0 and t["tagged"] > 0
         assert 0 < t["template"] <= t["created"] <= t["claims"] <= t["prepared"] < 60
-        assert len(r.ultraservers) == 1 and 0 < r.release < 60
+        assert len(r.ultraservers) == 2 and 0 < r.release < 60
     text = report(result, ["--runs", "1"])
     assert "every pod Prepared with its rank" in text and "n=1" in text

@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="with --kubernetes real: the minor of the nodes' real kubelets, at most three "
         "below the control plane's as Kubernetes' version-skew policy allows (default: the "
-        "control plane's; 1.35 and 1.36 are pinned for their kubelets only)",
+        "control plane's; 1.35 and 1.36 are pinned for their kubelets only); a comma list "
+        "(1.35,1.36) gives the nodes the minors in turn, as in a cluster mid-upgrade",
     )
     sim.add_argument(
         "--workdir",

@@ -64,7 +64,9 @@ async def run_sim(args: argparse.Namespace) -> int:
         except RealTierUnavailable as err:
             print(f"neuron-dra sim --kubernetes real: {err}", file=sys.stderr)
             return 2
-        problem = node_tier_problem(kubelet_minor)
+        problem = next(
+            (p for m in kubelet_minor.split(",") if (p := node_tier_problem(m.strip()))), None
+        )
         if problem:
             print(f"neuron-dra sim --kubernetes real: {problem}", file=sys.stderr)
             return 2

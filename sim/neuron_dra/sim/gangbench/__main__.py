@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the seed's order: apply the workload, wait for its ResourceClaimTemplate, then "
         "apply the Deployment (default: both in one kubectl apply -f)",
     )
+    p.add_argument(
+        "--nodes",
+        choices=("simulated", "real"),
+        default="simulated",
+        help="who runs the nodes: simulated kubelets (default; the recorded figures) or real "
+        "kubelets and containerd (needs root; about a dozen nodes fit on one machine)",
+    )
     p.add_argument("--minor", default="1.34", help="Kubernetes minor of the control plane")
     p.add_argument("--limit", type=float, default=120.0, help="bound for each wait (s)")
     p.add_argument("--workdir", type=Path, help="keep logs and state here")

@@ -7,7 +7,8 @@
 
 The kubelets are of the control plane's minor unless ``kubelet_minor`` names another pinned
 one (a node-only minor such as 1.36, run against a newer control plane as the version-skew
-policy allows). Nodes register with their own identity (``system:node:<name>``), their
+policy allows), or several (``"1.35,1.36"``), which the nodes get in turn: a cluster in the
+middle of an upgrade. Nodes register with their own identity (``system:node:<name>``), their
 names resolve to 127.0.0.1 for the API server (:meth:`RealControlPlane.add_node_names`),
 and each has a cgroup root named after the process that owns it, so roots a killed run left
 behind are found and removed by the next one.
@@ -98,6 +99,14 @@ def check_room(count: int) -> None:
         )
 
 
+def kubelet_minors(spec: str) -> list[str]:
+    """``"1.36"`` or ``"1.35,1.36"``: the kubelet minors nodes get in turn."""
+    minors = [m.strip() for m in spec.split(",") if m.strip()]
+    if not minors:
+        raise NodeTierUnavailable(f"no kubelet minor in {spec!r}")
+    return minors
+
+
 def _cgroup_root(name: str) -> str:
     return f"{_ROOT_PREFIX}{os.getpid()}-{name}"
 
@@ -121,16 +130,21 @@ class RealNodeFleet:
         verbosity: int = 2,
     ) -> None:
         self.cp = control_plane
-        self.minor = kubelet_minor or control_plane.minor
+        #: The kubelets' minors: nodes get them in turn (``"1.35,1.36"``: a cluster in the
+        #: middle of an upgrade).
+        self.minors = kubelet_minors(kubelet_minor or control_plane.minor)
         self.workdir = workdir
         self.verbosity = verbosity
         self.nodes: dict[str, RealNode] = {}
-        problem = node_tier_problem(self.minor)
-        if problem:
-            raise NodeTierUnavailable(problem)
-        self.bins = NodeBinaries(
-            kube_module(self.minor).bin_dir / "kubelet", containerd_module().bin_dir
-        )
+        self._started = 0
+        for minor in self.minors:
+            problem = node_tier_problem(minor)
+            if problem:
+                raise NodeTierUnavailable(problem)
+        self.bins = {
+            m: NodeBinaries(kube_module(m).bin_dir / "kubelet", containerd_module().bin_dir)
+            for m in self.minors
+        }
 
     def start(self, nodes: Sequence[tuple[str, Mapping[str, str]]]) -> list[RealNode]:
         """Start a node per ``(name, labels)``, side by side; returns once every kubelet is
@@ -142,9 +156,10 @@ class RealNodeFleet:
         except ImageError as err:
             raise NodeTierUnavailable(str(err)) from err
         self.cp.add_node_names([name for name, _ in nodes])
-        gates = dict(profile_for(self.minor).feature_gates)
         started = []
         for name, labels in nodes:
+            minor = self.minors[self._started % len(self.minors)]
+            self._started += 1
             spec = NodeSpec(
                 name=name,
                 kubeconfig=self.cp.kubeconfig(node_identity(name)),
@@ -154,10 +169,10 @@ class RealNodeFleet:
                 cgroup_root=_cgroup_root(name),
                 images=images,
                 labels=labels,
-                feature_gates=gates,
+                feature_gates=dict(profile_for(minor).feature_gates),
                 verbosity=self.verbosity,
             )
-            node = RealNode(spec, self.bins, self.workdir / name)
+            node = RealNode(spec, self.bins[minor], self.workdir / name)
             self.nodes[name] = node
             started.append(node)
         try:
