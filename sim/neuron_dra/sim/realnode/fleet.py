@@ -30,7 +30,8 @@ from .configs import CNI_BIN_DIR, RUNC
 from .images import BUSYBOX, ImageError, build_images
 from .layout import PRIVATE_DIRS
 from .namespace import NodeError
-from .node import NodeBinaries, NodeSpec, RealNode, free_port
+from .node import NodeBinaries, NodeSpec, RealNode
+from .ports import PortLease, lease_port
 
 _ROOT_PREFIX = "ndra-node-"
 
@@ -136,6 +137,7 @@ class RealNodeFleet:
         self.workdir = workdir
         self.verbosity = verbosity
         self.nodes: dict[str, RealNode] = {}
+        self._leases: dict[str, list[PortLease]] = {}
         self._started = 0
         for minor in self.minors:
             problem = node_tier_problem(minor)
@@ -160,12 +162,13 @@ class RealNodeFleet:
         for name, labels in nodes:
             minor = self.minors[self._started % len(self.minors)]
             self._started += 1
+            leases = self._leases[name] = [lease_port(), lease_port()]
             spec = NodeSpec(
                 name=name,
                 kubeconfig=self.cp.kubeconfig(node_identity(name)),
                 client_ca=self.cp.ca_cert,
-                kubelet_port=free_port(),
-                healthz_port=free_port(),
+                kubelet_port=leases[0].port,
+                healthz_port=leases[1].port,
                 cgroup_root=_cgroup_root(name),
                 images=images,
                 labels=labels,
@@ -192,6 +195,8 @@ class RealNodeFleet:
         node = self.nodes.pop(name, None)
         if node is not None:
             node.stop()
+        for lease in self._leases.pop(name, []):
+            lease.release()
 
     def stop(self) -> None:
         for name in list(self.nodes):

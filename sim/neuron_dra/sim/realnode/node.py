@@ -15,7 +15,6 @@ in the same namespace and see what a DaemonSet pod's hostPaths would.
 from __future__ import annotations
 
 import json
-import random
 import signal
 import socket
 import subprocess
@@ -68,21 +67,6 @@ class NodeSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     verbosity: int = 2
-
-
-def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range: a port picked now and bound
-    by the kubelet a moment later must not be taken meanwhile by a socket bound to port 0
-    (containerd's stream server, any client), which the kernel serves from that range."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 class RealNode:
