@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 #: Shared by every run on the machine (the lock, not the file, is the lease).
@@ -42,21 +43,28 @@ def below_ephemeral_range() -> range:
 
 
 def lease_port(
-    lease_dir: Path = LEASE_DIR, *, ports: range | None = None, rng: random.Random | None = None
+    lease_dir: Path = LEASE_DIR,
+    *,
+    ports: range | None = None,
+    rng: random.Random | None = None,
+    bindable: Callable[[int], bool] | None = None,
 ) -> PortLease:
-    """A loopback port no other lease holds and nothing has bound."""
+    """A loopback port no other lease holds and nothing has bound (``bindable``: whether
+    nothing has, a parameter for tests)."""
     pool = ports if ports is not None else below_ephemeral_range()
-    pick = rng or random.Random()
+    free = bindable or _bindable
+    order = list(pool)
+    # Random order: fleets starting together would otherwise race for the same first ports.
+    (rng or random.Random()).shuffle(order)
     lease_dir.mkdir(mode=0o700, exist_ok=True)
-    for _ in range(4 * len(pool)):
-        port = pick.choice(pool)
+    for port in order:
         fd = os.open(lease_dir / str(port), os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        if _bindable(port):
+        if free(port):
             return PortLease(port, fd)
         os.close(fd)
     raise OSError(f"no free loopback port in {pool.start}-{pool.stop - 1}")
