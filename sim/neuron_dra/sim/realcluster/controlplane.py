@@ -25,7 +25,10 @@ from .identities import (
     KUBE_CONTROLLER_MANAGER,
     KUBE_SCHEDULER,
     KUBELET_CLIENT,
+    KUBERNETES_SERVICE_IP,
     SA_ISSUER,
+    SERVICE_CIDR,
+    SERVICE_NAMES,
     CertificateAuthority,
     Identity,
     openssl,
@@ -222,7 +225,11 @@ class RealControlPlane:
         pki = self.workdir / "pki"
         self._ca = CertificateAuthority(pki)
         self._admin_pair = self._ca.client(ADMIN)
-        serving_crt, serving_key = self._ca.server("apiserver", ["127.0.0.1", "localhost"])
+        # Pods reach the server at the "kubernetes" Service's ClusterIP (in-cluster config),
+        # which each real node relays to it (realnode/forward.py).
+        serving_crt, serving_key = self._ca.server(
+            "apiserver", ["127.0.0.1", "localhost", KUBERNETES_SERVICE_IP, *SERVICE_NAMES]
+        )
         # The API server reaches a node's kubelet (logs, exec) by the node's name, which
         # must resolve to 127.0.0.1: it reads a hosts file of its own (add_node_names).
         self.hosts_file.write_text("127.0.0.1 localhost\n")
@@ -259,10 +266,11 @@ class RealControlPlane:
                 "--service-account-key-file", str(sa_key),
                 "--service-account-signing-key-file", str(sa_key),
                 "--api-audiences", SA_ISSUER,
-                # No Endpoints for the "kubernetes" Service: nothing runs in a pod here, and
-                # 1.37's reconciler refuses the loopback address we serve on.
+                # No Endpoints for the "kubernetes" Service (1.37's reconciler refuses the
+                # loopback address we serve on): no kube-proxy reads them, each real node
+                # relays the Service's ClusterIP to this server itself.
                 "--endpoint-reconciler-type", "none",
-                "--service-cluster-ip-range", "10.96.0.0/16",
+                "--service-cluster-ip-range", SERVICE_CIDR,
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--feature-gates", gates,

@@ -11,6 +11,16 @@ from pathlib import Path
 from .processes import ControlPlaneError
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+#: The Service range and the "kubernetes" Service's ClusterIP (the range's first address),
+#: which in-cluster clients dial and verify the serving certificate against.
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+SERVICE_NAMES = (
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,12 @@ the kubelet insists on setting (``vm.overcommit_memory``, ``vm.panic_on_oom``,
 ``kernel.panic``, ``kernel.panic_on_oops``: it finds its values already there and the
 host's stay untouched) and ``kernel/random/boot_id`` (a node reboot is a new boot id, which
 the kubelet and our plugin both read).
+
+Each node also has a network namespace of its own with a loopback and nothing else: the
+node's address and the ``kubernetes`` Service's ClusterIP are addresses of that loopback, and
+:mod:`.forward` relays the only connections that cross (the API server to the kubelet; the
+node's processes and hostNetwork pods to the API server). hostNetwork pods of different nodes
+bind the same ports without colliding, as on separate machines.
 """
 
 from __future__ import annotations
@@ -106,11 +112,22 @@ class NodeLayout:
         ]
 
 
-def namespace_script(layout: NodeLayout) -> str:
-    """The shell script that makes the node's mounts inside a new mount namespace, says
-    ``ready`` and then holds the namespace open (pure)."""
+#: Node addresses: TEST-NET-2 (RFC 5737), never routed, never one of a real network's; each
+#: exists only on its node's own loopback.
+NODE_NETWORK: Final = "198.51.100."
+
+
+def node_address(index: int) -> str:
+    return f"{NODE_NETWORK}{index % 254 + 1}"
+
+
+def namespace_script(layout: NodeLayout, addresses: tuple[str, ...] = ()) -> str:
+    """The shell script that makes the node's mounts inside new mount and network
+    namespaces, brings up the loopback with ``addresses``, says ``ready`` and then holds the
+    namespaces open (pure)."""
     # -n: no userspace mount table (utab under the host's /run/mount) to write.
-    lines = ["set -e"]
+    lines = ["set -e", "ip link set lo up"]
+    lines += [f"ip addr add {a}/32 dev lo" for a in addresses]
     for inside, name in PRIVATE_DIRS.items():
         lines.append(f"mount -n --bind '{layout.root / 'fs' / name}' '{inside}'")
     for sysctl in (*KUBELET_SYSCTLS, BOOT_ID):

@@ -1,9 +1,10 @@
-"""A node's mount namespace: made by ``unshare``, held open by a ``sleep``, entered by
-``nsenter``; every process of the node (containerd and its shims, runc, the kubelet, our
-plugin) runs inside it, so they all see the node's directories at the standard paths and
-their mounts (overlay root file systems, tmpfs volumes, the kubelet's bind of its root
-directory) never reach the host. Killing the holder and every process inside makes them
-all disappear."""
+"""A node's mount and network namespaces: made by ``unshare``, held open by a ``sleep``,
+entered by ``nsenter``; every process of the node (containerd and its shims, runc, the
+kubelet, our plugin) runs inside them, so they all see the node's directories at the standard
+paths, their mounts (overlay root file systems, tmpfs volumes, the kubelet's bind of its root
+directory) never reach the host, and their ports are the node's own. The node's relay
+(:mod:`.forward`) runs beside them on the host. Killing the holder, the relay and every
+process inside makes them all disappear."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .layout import BOOT_ID, KUBELET_SYSCTLS, NodeLayout, namespace_script
@@ -46,43 +49,80 @@ def set_boot_id(layout: NodeLayout, boot_id: str) -> None:
         f.write(boot_id + "\n")
 
 
-class MountNamespace:
-    def __init__(self, layout: NodeLayout, *, ready_limit: float = 10.0) -> None:
+@dataclass(frozen=True)
+class NodeNetwork:
+    """The node's loopback addresses and the connections relayed across (forward.py)."""
+
+    addresses: tuple[str, ...] = ()
+    #: host:port of the host's loopback relayed to the same address inside the node
+    ins: tuple[str, ...] = ()
+    #: (inside, host) pairs: an address inside the node relayed to one of the host's
+    outs: tuple[tuple[str, str], ...] = ()
+
+    def relay_args(self, netns: str) -> list[str]:
+        return [
+            "--netns", netns,
+            *(a for addr in self.ins for a in ("--in", addr)),
+            *(a for inside, host in self.outs for a in ("--out", f"{inside}={host}")),
+        ]  # fmt: skip
+
+
+class NodeNamespace:
+    def __init__(
+        self, layout: NodeLayout, network: NodeNetwork, *, ready_limit: float = 10.0
+    ) -> None:
         self.layout = layout
+        self.network = network
         self.ready_limit = ready_limit
         self.holder: subprocess.Popen[bytes] | None = None
+        self.relay: subprocess.Popen[bytes] | None = None
         self._ns: str | None = None
 
     @property
     def pid(self) -> int:
         if self.holder is None:
-            raise NodeError(f"node {self.layout.name}: no mount namespace")
+            raise NodeError(f"node {self.layout.name}: no namespaces")
         return self.holder.pid
+
+    @property
+    def netns(self) -> str:
+        """The node's network namespace, for :mod:`.netns` (probes of the node's ports)."""
+        return f"/proc/{self.pid}/ns/net"
 
     def start(self) -> None:
         log = self.layout.log_dir / "namespace.log"
-        script = namespace_script(self.layout)
+        script = namespace_script(self.layout, self.network.addresses)
         with log.open("ab") as err:
             self.holder = subprocess.Popen(
-                die_with_us(["unshare", "--mount", "--propagation", "private", "--",
+                die_with_us(["unshare", "--mount", "--net", "--propagation", "private", "--",
                              "/bin/sh", "-c", script]),
                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
-        assert self.holder.stdout is not None
-        ready, _, _ = select.select([self.holder.stdout], [], [], self.ready_limit)
-        line = self.holder.stdout.readline() if ready else b""
+            self._await_ready(self.holder, "namespaces not made", log)
+            self._ns = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
+            self.relay = subprocess.Popen(
+                die_with_us([sys.executable, "-m", "neuron_dra.sim.realnode.forward",
+                             *self.network.relay_args(self.netns)]),
+                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+            self._await_ready(self.relay, "relay not serving", log)
+
+    def _await_ready(self, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], self.ready_limit)
+        line = proc.stdout.readline() if ready else b""
         if line.strip() != b"ready":
             self.stop()
             raise NodeError(
-                f"node {self.layout.name}: mount namespace not made ({log}):\n"
+                f"node {self.layout.name}: {what} ({log}):\n"
                 + log.read_text(errors="replace")[-2000:]
             )
-        self._ns = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
 
     def enter(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside the namespace (in ``/``: give absolute paths)."""
-        return ["nsenter", f"--mount=/proc/{self.pid}/ns/mnt", "--", *argv]
+        """``argv`` run inside the namespaces (in ``/``: give absolute paths)."""
+        return ["nsenter", f"--mount=/proc/{self.pid}/ns/mnt", f"--net={self.netns}", "--", *argv]
 
     def processes(self) -> list[int]:
         """Every process inside the namespace but its holder (containerd's shims among them:
@@ -101,11 +141,14 @@ class MountNamespace:
         return out
 
     def stop(self) -> None:
-        """Kill every process inside, then the holder: the node's mounts go with them."""
+        """Kill every process inside, the relay, then the holder: the node's mounts and
+        network go with them."""
         kill_all(self.processes())
-        if self.holder is not None and self.holder.poll() is None:
-            self.holder.kill()
-            self.holder.wait(timeout=10)
+        for proc in (self.relay, self.holder):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.relay = None
         self._ns = None
 
 

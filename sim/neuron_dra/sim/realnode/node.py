@@ -27,13 +27,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from neuron_dra.sim.realcluster.identities import KUBERNETES_SERVICE_IP
 from neuron_dra.sim.realcluster.processes import Component, tail
 
 from . import cgroups
 from .configs import cni_conflist, containerd_config, kubelet_config
 from .images import SANDBOX_IMAGE
 from .layout import NodeLayout
-from .namespace import MountNamespace, NodeError, die_with_us, set_boot_id, write_proc_sys
+from .namespace import (
+    NodeError,
+    NodeNamespace,
+    NodeNetwork,
+    die_with_us,
+    set_boot_id,
+    write_proc_sys,
+)
+from .netns import call_in
 
 CONTAINERD = "containerd"
 KUBELET = "kubelet"
@@ -62,11 +71,27 @@ class NodeSpec:
     client_ca: Path  # the CA whose client certificates (the API server's) may call the kubelet
     kubelet_port: int
     healthz_port: int
+    address: str  # the node's address (layout.node_address), on its own loopback
+    api_server: str  # host:port of the API server on the host's loopback
     cgroup_root: str
     images: Path  # the image archive (images.build_images)
     labels: Mapping[str, str] = field(default_factory=dict)
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     verbosity: int = 2
+
+
+def node_network(spec: NodeSpec) -> NodeNetwork:
+    """The node's addresses and relays: the API server reaches its kubelet; its kubelet,
+    plugin and hostNetwork pods reach the API server by the kubeconfig's address or by the
+    ``kubernetes`` Service's ClusterIP (what in-cluster clients dial)."""
+    return NodeNetwork(
+        addresses=(spec.address, KUBERNETES_SERVICE_IP),
+        ins=(f"127.0.0.1:{spec.kubelet_port}",),
+        outs=(
+            (spec.api_server, spec.api_server),
+            (f"{KUBERNETES_SERVICE_IP}:443", spec.api_server),
+        ),
+    )
 
 
 class RealNode:
@@ -77,7 +102,7 @@ class RealNode:
         self.bins = bins
         self.layout = NodeLayout(spec.name, root)
         self.ready_limit = ready_limit
-        self.namespace = MountNamespace(self.layout)
+        self.namespace = NodeNamespace(self.layout, node_network(spec))
         self.components: dict[str, Component] = {}
         self.spawned: dict[str, Component] = {}
         self.boot_id = str(uuid.uuid4())
@@ -147,6 +172,7 @@ class RealNode:
                 "--config", str(cfg / "kubelet.yaml"),
                 "--kubeconfig", str(self.spec.kubeconfig),
                 "--hostname-override", self.name,
+                "--node-ip", self.spec.address,
                 *(["--node-labels", labels] if labels else []),
                 f"--v={self.spec.verbosity}",
             ],
@@ -294,13 +320,21 @@ class RealNode:
         url = comp.health_url
 
         def healthy() -> bool:
+            return self.http_ok(url)
+
+        self._wait(comp, healthy, "kubelet not healthy")
+
+    def http_ok(self, url: str) -> bool:
+        """Whether ``url``, on the node's network (its loopback, its ports), answers 200."""
+
+        def get() -> bool:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     return bool(r.status == 200)
             except (urllib.error.URLError, OSError):
                 return False
 
-        self._wait(comp, healthy, "kubelet not healthy")
+        return call_in(self.namespace.netns, get)
 
     def _import_images(self) -> None:
         proc = subprocess.run(

@@ -14,8 +14,6 @@ import logging
 import os
 import re
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,14 +114,6 @@ class DirectoryWatch:
             await asyncio.sleep(self._interval)  # a file system has no change stream here
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def _mtime(path: Path) -> int:
     try:
         return os.stat(path).st_mtime_ns
@@ -184,6 +174,9 @@ class RealNodes:
             self.plugins[name] = comp
         return comp
 
+    def _node_of(self, comp: Component) -> RealNode:
+        return next(n for n in self.fleet.nodes.values() if comp in n.spawned.values())
+
     async def wait_ready(self, comp: Component, limit: float = 60.0) -> None:
         """Until the plugin instance's ``/readyz`` says yes: registered with the kubelet and
         its slice published (what the DaemonSet's readiness probe waits for). Its port is
@@ -196,7 +189,9 @@ class RealNodes:
             ports: list[str] = re.findall(
                 r": http port (\d+)", comp.log.read_text(errors="replace")
             )
-            ready: bool = bool(ports) and await asyncio.to_thread(_ready, int(ports[-1]))
+            node = self._node_of(comp)
+            url = f"http://127.0.0.1:{ports[-1]}/readyz" if ports else ""
+            ready = bool(ports) and await asyncio.to_thread(node.http_ok, url)
             if ready:
                 return
             await asyncio.sleep(0.1)  # a readiness endpoint, polled like a kubelet probe
