@@ -1,6 +1,7 @@
-"""A real node runs a pod and goes, and the machine is as it was: no directory of the
-kubelet's or containerd's on the host, no sysctl changed, no /etc/hosts entry, no mount, no
-cgroup, no process left behind (docs/testing.md, "Real nodes")."""
+"""A real node runs a pod on its pod network, which reaches the API server as in-cluster
+clients do, and goes, and the machine is as it was: no directory of the kubelet's or
+containerd's on the host, no sysctl changed, no /etc/hosts entry, no mount, no network
+interface or address, no cgroup, no process left behind (docs/testing.md, "Real nodes")."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ HOST_PATHS = (
 )
 
 
+REACH_API = (
+    "nc -w 5 $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT </dev/null"
+    " && echo reached the API server; sleep infinity"
+)
+
+
 def snapshot() -> dict[str, object]:
     return {
         "paths": {p: os.path.lexists(p) for p in HOST_PATHS},
@@ -48,6 +55,10 @@ def snapshot() -> dict[str, object]:
         "hosts": Path("/etc/hosts").read_text(),
         "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text(),
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
+        "links": sorted(os.listdir("/sys/class/net")),
+        "addresses": subprocess.run(
+            ["ip", "-o", "addr"], capture_output=True, text=True, check=True
+        ).stdout,
     }
 
 
@@ -66,10 +77,15 @@ def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was() -> None:
         "kind": "Pod",
         "metadata": {"name": "host-check", "namespace": "default"},
         "spec": {
-            "hostNetwork": True,
             "nodeName": "host-check",
+            # On the pod network (a veth to the node's namespace), as in-cluster clients are:
+            # the API server is at the kubernetes Service's address.
             "containers": [
-                {"name": "c", "image": "local.test/busybox:1.35", "command": ["sleep", "infinity"]}
+                {
+                    "name": "c",
+                    "image": "local.test/busybox:1.35",
+                    "command": ["sh", "-c", REACH_API],
+                }
             ],
         },
     }
@@ -82,6 +98,12 @@ def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was() -> None:
             time.sleep(0.2)  # a fresh control plane's controller-manager makes it soon
         cp.kubectl("apply", "-f", str(manifest))
         cp.kubectl("wait", "--for=condition=Ready", "pod/host-check", "--timeout=60s")
+        pod_ip = cp.kubectl("get", "pod", "host-check", "-o", "jsonpath={.status.podIP}")
+        assert pod_ip.startswith("198.18."), pod_ip
+        deadline = time.monotonic() + 30
+        while "reached the API server" not in cp.kubectl("logs", "host-check", check=False):
+            assert time.monotonic() < deadline, cp.kubectl("logs", "host-check", check=False)
+            time.sleep(0.2)  # the pod's first lines, read through the kubelet
         assert node.namespace.processes(), "the node's processes run in its namespace"
     finally:
         cp.kubectl("delete", "pod", "host-check", "--wait=false", check=False)

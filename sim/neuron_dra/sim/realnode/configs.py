@@ -73,10 +73,28 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 """
 
 
-def cni_conflist() -> dict[str, Any]:
-    """A network of the loopback interface only: enough for containerd to call the network
-    ready; no pod gets an address (they use hostNetwork)."""
-    return {"cniVersion": "1.0.0", "name": "lo-only", "plugins": [{"type": "loopback"}]}
+def cni_conflist(pod_subnet: str) -> dict[str, Any]:
+    """The pod network of one node: each pod a veth pair to the node's network namespace
+    (CNI ``ptp``; no bridge) with an address of ``pod_subnet`` and its default route to the
+    node. A pod reaches the node's addresses (the ``kubernetes`` Service's ClusterIP among
+    them, relayed to the API server) and the kubelet reaches the pod's ports (probes); pods
+    of different nodes do not reach each other (there is no route between nodes)."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "ndra-pods",
+        "plugins": [
+            {
+                "type": "ptp",
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": pod_subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
 
 
 def kubelet_config(

@@ -28,7 +28,7 @@ from neuron_dra.sim.realcluster import RealControlPlane, node_identity, profile_
 from . import cgroups
 from .configs import CNI_BIN_DIR, RUNC
 from .images import BUSYBOX, ImageError, build_images
-from .layout import PRIVATE_DIRS, node_address
+from .layout import PRIVATE_DIRS, node_address, pod_subnet
 from .namespace import NodeError
 from .node import NodeBinaries, NodeSpec, RealNode
 from .ports import PortLease, lease_port
@@ -170,6 +170,7 @@ class RealNodeFleet:
                 kubelet_port=leases[0].port,
                 healthz_port=leases[1].port,
                 address=node_address(self._started - 1),
+                pod_subnet=pod_subnet(self._started - 1),
                 api_server=self.cp.url.removeprefix("https://"),
                 cgroup_root=_cgroup_root(name),
                 images=images,

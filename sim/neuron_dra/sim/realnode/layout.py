@@ -117,8 +117,17 @@ class NodeLayout:
 NODE_NETWORK: Final = "198.51.100."
 
 
+#: Pod addresses: a /24 per node of 198.18.0.0/15 (RFC 2544's, not a private range); each
+#: exists only inside its node.
+POD_NETWORK: Final = "198.18."
+
+
 def node_address(index: int) -> str:
     return f"{NODE_NETWORK}{index % 254 + 1}"
+
+
+def pod_subnet(index: int) -> str:
+    return f"{POD_NETWORK}{index % 256}.0/24"
 
 
 def namespace_script(layout: NodeLayout, addresses: tuple[str, ...] = ()) -> str:

@@ -72,6 +72,7 @@ class NodeSpec:
     kubelet_port: int
     healthz_port: int
     address: str  # the node's address (layout.node_address), on its own loopback
+    pod_subnet: str  # its pods' addresses (layout.pod_subnet)
     api_server: str  # host:port of the API server on the host's loopback
     cgroup_root: str
     images: Path  # the image archive (images.build_images)
@@ -144,7 +145,9 @@ class RealNode:
             containerd_config(self.layout, sandbox_image=SANDBOX_IMAGE)
         )
         (cfg / "cni").mkdir(exist_ok=True)
-        (cfg / "cni" / "10-lo.conflist").write_text(json.dumps(cni_conflist()))
+        (cfg / "cni" / "10-pods.conflist").write_text(
+            json.dumps(cni_conflist(self.spec.pod_subnet))
+        )
         kubelet_yaml = kubelet_config(
             port=self.spec.kubelet_port,
             healthz_port=self.spec.healthz_port,
