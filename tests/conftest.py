@@ -25,7 +25,12 @@ REAL_NODES = "real-nodes"
 #: Test files (or directories) whose every test starts real nodes.
 _ALWAYS = ("tests/realnode/",)
 #: Test files whose real-world cases (ids real-<minor>, kubelet-<minor>) start real nodes.
-_REAL_CASES = ("tests/e2e/", "tests/e2e_clusters/", "tests/chart/test_identity_flow.py")
+_REAL_CASES = (
+    "tests/e2e/",
+    "tests/e2e_clusters/",
+    "tests/chart/test_identity_flow.py",
+    "tests/chart/test_installed_product.py",
+)
 
 
 def starts_real_nodes(nodeid: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -221,6 +222,20 @@ def control_plane(
         apiserver_args=apiserver_args, audit_policy=audit_policy,
     ) as cp:  # fmt: skip
         yield cp
+
+
+def require_image() -> tuple[Path, str]:
+    """The product image's archive and name (hack/build-image --local); skip (or on CI fail)
+    when this tree's image is not built."""
+    from neuron_dra.sim import imagebuild
+
+    plan = imagebuild.plan()
+    if not plan.archive.is_file():
+        hint = f"the image of this tree is not built: run hack/build-image --local ({plan.ref})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{hint} (CI=true: the installed-product tests must run, not skip)")
+        pytest.skip(hint)
+    return plan.archive, plan.ref
 
 
 def user_identity(name: str, *groups: str) -> Identity:

@@ -199,7 +199,8 @@ class Buildah:
 
 def build_base(p: ImagePlan, b: Buildah) -> None:
     if not p.base_tar.is_file():
-        partial = p.base_tar.with_suffix(".partial")
+        # mmdebstrap picks its output format by the name's ending: keep ".tar".
+        partial = p.base_tar.with_name(p.base_tar.stem + ".partial.tar")
         _run(
             [
                 "mmdebstrap",
@@ -273,6 +274,7 @@ def build(p: ImagePlan, *, revision: str = "unknown", force: bool = False) -> Pa
         partial.unlink(missing_ok=True)
         b("push", p.ref, f"docker-archive:{partial}:{p.ref}")
         partial.rename(p.archive)
+        prune(p)
         print(
             f"[imagebuild] {p.ref} in {time.monotonic() - started:.0f} s: {p.archive} "
             f"({p.archive.stat().st_size / 2**20:.0f} MiB)",
@@ -281,6 +283,17 @@ def build(p: ImagePlan, *, revision: str = "unknown", force: bool = False) -> Pa
     finally:
         b.close()
     return p.archive
+
+
+def prune(p: ImagePlan, keep: int = 2) -> None:
+    """Archives and logs of older trees go (the newest ``keep`` stay: a branch switched back
+    and forth is not rebuilt), and so do the layers no image names any more."""
+    archives = sorted(p.cache.glob("neuron-dra-*.tar"), key=lambda f: f.stat().st_mtime)
+    for old in archives[:-keep]:
+        old.unlink(missing_ok=True)
+        (p.cache / old.name.replace("neuron-dra-", "build-").replace(".tar", ".log")).unlink(
+            missing_ok=True
+        )
 
 
 def git_revision(root: Path) -> str:

@@ -129,8 +129,11 @@ class RealNodeFleet:
         workdir: Path,
         kubelet_minor: str | None = None,
         verbosity: int = 2,
+        extra_images: Sequence[Path] = (),
     ) -> None:
         self.cp = control_plane
+        #: Archives imported into every node beside the test images (the product's image).
+        self.extra_images = tuple(extra_images)
         #: The kubelets' minors: nodes get them in turn (``"1.35,1.36"``: a cluster in the
         #: middle of an upgrade).
         self.minors = kubelet_minors(kubelet_minor or control_plane.minor)
@@ -173,7 +176,7 @@ class RealNodeFleet:
                 pod_subnet=pod_subnet(self._started - 1),
                 api_server=self.cp.url.removeprefix("https://"),
                 cgroup_root=_cgroup_root(name),
-                images=images,
+                images=(images, *self.extra_images),
                 labels=labels,
                 feature_gates=dict(profile_for(minor).feature_gates),
                 verbosity=self.verbosity,

@@ -75,7 +75,9 @@ class NodeSpec:
     pod_subnet: str  # its pods' addresses (layout.pod_subnet)
     api_server: str  # host:port of the API server on the host's loopback
     cgroup_root: str
-    images: Path  # the image archive (images.build_images)
+    #: image archives imported into the node's containerd (images.build_images first; the
+    #: product's, from hack/build-image --local, where a test installs it)
+    images: tuple[Path, ...]
     labels: Mapping[str, str] = field(default_factory=dict)
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     verbosity: int = 2
@@ -340,13 +342,16 @@ class RealNode:
         return call_in(self.namespace.netns, get)
 
     def _import_images(self) -> None:
-        proc = subprocess.run(
-            [str(self.bins.ctr), "--address", str(self.layout.containerd_socket),
-             "--namespace", "k8s.io", "images", "import", str(self.spec.images)],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise NodeError(f"node {self.name}: image import failed: {proc.stderr.strip()}")
+        for archive in self.spec.images:
+            proc = subprocess.run(
+                [str(self.bins.ctr), "--address", str(self.layout.containerd_socket),
+                 "--namespace", "k8s.io", "images", "import", str(archive)],
+                capture_output=True, text=True, check=False, timeout=300,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                raise NodeError(
+                    f"node {self.name}: import of {archive} failed: {proc.stderr.strip()}"
+                )
 
 
 def _terminate(comp: Component, limit: float = 15.0) -> None:
