@@ -72,6 +72,9 @@ class ChartOnCluster:
             *(overrides or Overrides()).args(), *extra,
         )  # fmt: skip
 
+    def rollback(self, revision: int) -> str:
+        return self._helm("rollback", RELEASE, str(revision), "--namespace", NS, "--wait=false")
+
     def uninstall(self) -> str:
         return self._helm("uninstall", RELEASE, "--namespace", NS)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,18 +21,22 @@ from typing import Any
 import pytest
 import yaml
 from e2e.operator import NAME, RCT, deployment, seed_workload
+from neuron_dra.sim.kubebuild import newest_minor
 from neuron_dra.sim.realcluster import RealControlPlane
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.podspec import for_real_nodes
 from neuron_dra.sim.worlds import require_real_nodes
 
 from .conftest import Helm, Overrides
-from .realchart import NS, ChartOnCluster, control_plane, minor_params, require_image
+from .realchart import NS, RELEASE, ChartOnCluster, control_plane, minor_params, require_image
 
 INSTANCE_TYPE = "trn2u.48xlarge"
-#: One UltraServer: the plugin derives the UltraServer from the node name (trn2u-<n>: node
-#: n % 4 of UltraServer trn2u-<n // 4>), as emulation does on any cluster.
-NODES = [f"trn2u-{i}" for i in range(4)]
+#: One UltraServer and one node of a second: the plugin derives the UltraServer from the
+#: node name (trn2u-<n>: node n % 4 of UltraServer trn2u-<n // 4>), as emulation does on any
+#: cluster. The fifth node's devices stay free for one-device claims while a workload holds
+#: the whole first UltraServer.
+NODES = [f"trn2u-{i}" for i in range(5)]
+ULTRASERVER = NODES[:4]
 #: values.yaml: --leader-elect takes a Lease of this name in the release namespace.
 LEASE = "neuron-dra-controller"
 
@@ -41,6 +46,7 @@ class Installed:
     cp: RealControlPlane
     chart: ChartOnCluster
     image: str
+    fleet: RealNodeFleet
 
     def kubectl(self, *args: str, check: bool = True) -> str:
         return self.cp.kubectl(*args, check=check)
@@ -92,7 +98,7 @@ def installed(request: pytest.FixtureRequest, helm: Helm) -> Iterator[Installed]
                     f"kubeletPlugin.emulation.instanceType={INSTANCE_TYPE}",
                 )
             )
-            yield Installed(cp, chart, image)
+            yield Installed(cp, chart, image, fleet)
         finally:
             fleet.stop()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -147,9 +153,7 @@ def test_the_controller_runs_two_replicas_with_one_leader(installed: Installed) 
         lambda: (
             (
                 x := json.loads(
-                    installed.kubectl(
-                        "get", "lease", "-n", NS, LEASE, "-o", "json", check=False
-                    )
+                    installed.kubectl("get", "lease", "-n", NS, LEASE, "-o", "json", check=False)
                     or "{}"
                 )
             )
@@ -228,7 +232,7 @@ def test_the_seed_workload_runs_on_the_installed_product(installed: Installed) -
             and p
         ),
     )
-    assert sorted(p["spec"]["nodeName"] for p in pods) == NODES
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ULTRASERVER
     ranks = set()
     for pod in pods:
         listing = installed.exec(pod, "ls", "-l", "/dev/").splitlines()
@@ -241,3 +245,197 @@ def test_the_seed_workload_runs_on_the_installed_product(installed: Installed) -
     assert ranks == {"0", "1", "2", "3"}
     installed.kubectl("delete", "deployment", pods_doc["metadata"]["name"], "--wait=false")
     installed.kubectl("delete", "nusw", NAME, "--wait=false")
+
+
+# --- helm upgrade and rollback under load ------------------------------------------------
+
+#: Load pods take devices in turn: pod i gets device i % 16 of the free node, so a device is
+#: taken again only 16 pods later. (Taken again at once, a device whose earlier claim the
+#: kubelet has not unprepared yet is refused once and retried: docs/upgrade.md.)
+DEVICES = 16
+
+
+def one_device(k: int) -> dict[str, Any]:
+    cel = f"device.attributes['neuron.aws.com'].deviceId == {k}"
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"device-{k}", "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "d",
+                            "exactly": {
+                                "deviceClassName": "neuron.aws.com",
+                                "selectors": [{"cel": {"expression": cel}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def load_pod(i: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"load-{i}", "namespace": "default", "labels": {"load": "yes"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [
+                {"name": "neuron", "resourceClaimTemplateName": f"device-{i % DEVICES}"}
+            ],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "local.test/busybox:1.35",
+                    "command": ["sleep", "infinity"],
+                    "resources": {"claims": [{"name": "neuron"}]},
+                }
+            ],
+        },
+    }
+
+
+class Load:
+    """Pods with a one-device claim, created, run and deleted in turn while a release
+    changes: each must reach Running (its claim prepared by whichever plugin instance the
+    kubelet calls)."""
+
+    def __init__(self, installed: Installed) -> None:
+        self.installed = installed
+        self.done = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=180)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            name = f"load-{i}"
+            try:
+                apply(self.installed, load_pod(i))
+                self.installed.kubectl(
+                    "wait", "--for=jsonpath={.status.phase}=Running", f"pod/{name}",
+                    "--timeout=90s",
+                )  # fmt: skip
+                self.done += 1
+            except Exception as err:  # every failure is reported
+                self.failures.append(f"{name}: {err}")
+                if len(self.failures) >= 3:
+                    return  # the test fails on them; more would say nothing new
+            finally:
+                self.installed.kubectl("delete", "pod", name, "--wait=false", check=False)
+
+
+def apply(installed: Installed, *docs: dict[str, Any]) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir="/tmp") as f:
+        yaml.safe_dump_all(list(docs), f)
+        f.flush()
+        installed.kubectl("apply", "-f", f.name)
+
+
+def rolled_out(installed: Installed, image: str) -> bool:
+    pods = installed.pods("app.kubernetes.io/instance=" + RELEASE)
+    running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return (
+        bool(running)
+        and all(ready(p) and p["spec"]["containers"][0]["image"] == image for p in running)
+        and len(running) == len(NODES) + 2
+    )
+
+
+def allocated_devices(installed: Installed) -> list[tuple[str, str]]:
+    claims = installed.json("get", "resourceclaims", "-A")["items"]
+    return [
+        (r["pool"], r["device"])
+        for c in claims
+        for r in ((c.get("status") or {}).get("allocation") or {})
+        .get("devices", {})
+        .get("results", [])
+    ]
+
+
+def failed_prepares(installed: Installed) -> list[str]:
+    events = installed.json(
+        "get", "events", "-A", "--field-selector", "reason=FailedPrepareDynamicResources"
+    )["items"]
+    return [f"{e['involvedObject']['name']}: {e['message']}" for e in events]
+
+
+def lease_holder(installed: Installed) -> str:
+    lease = installed.json("get", "lease", "-n", NS, LEASE)
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+# CI time: the upgrade runs on the newest minor only (the install itself on every minor).
+@pytest.mark.parametrize(
+    "installed", [p for p in minor_params() if p.values[0] == newest_minor()], indirect=True
+)
+def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -> None:
+    old = installed.image
+    new = old + "-next"
+    # A new image name for the same content: what a release changes (pods replaced, new pod
+    # UIDs and sockets, a new leader) without a registry.
+    for node in installed.fleet.nodes.values():
+        node.ctr("images", "tag", old, new)
+    apply(installed, *(one_device(k) for k in range(DEVICES)))
+    workload = seed_workload()
+    workload["metadata"]["name"] = "kept"
+    workload["spec"]["serverCount"] = 1
+    workload["spec"]["resourceClaimTemplate"]["name"] = "kept-rct"
+    apply(installed, workload)
+
+    def nusw() -> Any:
+        return installed.json("get", "nusw", "kept")
+
+    kept = wait_for(
+        "the workload Allocated",
+        lambda: nusw().get("status", {}).get("state") == "Allocated" and nusw(),
+    )
+    wait_for("the release rolled out", lambda: rolled_out(installed, old))
+    leader = lease_holder(installed)
+    tag = new.rpartition(":")[2]
+    with Load(installed) as load:
+        try:
+            wait_for("the load running", lambda: load.done >= 2, limit=120)
+        except AssertionError as err:
+            raise AssertionError(
+                f"{err}; failures {load.failures[:3]}; "
+                + installed.kubectl("describe", "pods", "-l", "load=yes", check=False)[-3000:]
+            ) from err
+        # Every node's new plugin pod at once beside its old one (the default surges one node
+        # at a time: the same per node, slower here).
+        installed.chart.upgrade(
+            Overrides.of(f"image.tag={tag}", "kubeletPlugin.updateStrategy.maxSurge=100%"),
+            "--reuse-values",
+        )
+        wait_for("the upgrade rolled out", lambda: rolled_out(installed, new), limit=240)
+        wait_for("more load after the upgrade", lambda: load.done >= 8, limit=240)
+        installed.chart.rollback(1)
+        wait_for("the rollback rolled out", lambda: rolled_out(installed, old), limit=240)
+        wait_for("more load after the rollback", lambda: load.done >= 12, limit=240)
+    assert not load.failures, load.failures
+    assert not failed_prepares(installed)
+    assert lease_holder(installed) != leader, "the leader handed over to a new pod"
+    after = nusw()
+    assert after["status"]["state"] == "Allocated"
+    assert after["status"].get("allocatedUltraServers") == kept["status"].get(
+        "allocatedUltraServers"
+    ), "the allocation is kept through the upgrade and the rollback"
+    devices = allocated_devices(installed)
+    assert len(devices) == len(set(devices)), "no device in two claims"
+    installed.kubectl("delete", "nusw", "kept", "--wait=false")

@@ -187,19 +187,20 @@ class RealNode:
 
     def _boot(self) -> None:
         """Namespace, cgroups, containerd (images imported), kubelet: in that order."""
-        for step in self.boot_steps():
+        for step, _ in self.boot_steps():
             step()
 
-    def boot_steps(self) -> list[Callable[[], None]]:
-        """The steps of a boot, each quick to start or a wait: :class:`.fleet.RealNodeFleet`
-        takes many nodes through them side by side (from one thread: a child dies with the
-        thread that started it)."""
+    def boot_steps(self) -> list[tuple[Callable[[], None], bool]]:
+        """The steps of a boot, each quick to start or a wait, and whether it may run on a
+        thread of its own: :class:`.fleet.RealNodeFleet` takes many nodes through them side
+        by side. Steps that start the node's processes may not (a child started with
+        ``--pdeathsig`` dies with the thread that started it)."""
         return [
-            self._begin,
-            self._wait_containerd,
-            self._import_images,
-            lambda: self._launch(self.components[KUBELET]),
-            self._wait_kubelet,
+            (self._begin, False),
+            (self._wait_containerd, True),
+            (self._import_images, True),
+            (lambda: self._launch(self.components[KUBELET]), False),
+            (self._wait_kubelet, True),
         ]
 
     def _begin(self) -> None:
@@ -207,15 +208,18 @@ class RealNode:
         cgroups.create(self.spec.cgroup_root)
         self._launch(self.components[CONTAINERD])
 
-    def stop(self) -> None:
+    def stop(self, *, graceful: bool = True) -> None:
         """Stop the kubelet first (so it starts nothing new), then everything else of the
-        node: our spawned processes, containerd, the shims and the pods' processes."""
+        node: our spawned processes, containerd, the shims and the pods' processes. Not
+        ``graceful``: everything is killed at once (a node whose disk goes with it: nothing
+        it would write on the way down is read again)."""
+        end = _terminate if graceful else _kill
         for comp in (self.components.get(KUBELET), *self.spawned.values()):
             if comp is not None:
-                _terminate(comp)
+                end(comp)
         comp = self.components.get(CONTAINERD)
         if comp is not None:
-            _terminate(comp)
+            end(comp)
         self.namespace.stop()
         cgroups.remove(self.spec.cgroup_root)
 
@@ -340,6 +344,18 @@ class RealNode:
                 return False
 
         return call_in(self.namespace.netns, get)
+
+    def ctr(self, *args: str) -> str:
+        """``ctr`` against the node's containerd, in Kubernetes' namespace (``images tag A B``:
+        a new image name for a rolling update without a registry)."""
+        proc = subprocess.run(
+            [str(self.bins.ctr), "--address", str(self.layout.containerd_socket),
+             "--namespace", "k8s.io", *args],
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise NodeError(f"node {self.name}: ctr {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
 
     def _import_images(self) -> None:
         for archive in self.spec.images:
