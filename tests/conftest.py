@@ -44,6 +44,20 @@ def starts_real_nodes(nodeid: str) -> bool:
     return case_id.startswith(("real-", "kubelet-"))
 
 
+#: The kubelet-side tests' clusters are small (two nodes at most): they run beside the other
+#: real-node tests, whose largest cluster is twelve nodes (12 + 2 nodes x 8 inotify instances
+#: fit the user's 128; docs/testing.md, "Running in parallel").
+KUBELET_SIDE = "tests/realnode/"
+
+
+def real_nodes_unit(nodeid: str) -> str | None:
+    """The unit of work of a test that starts real nodes (run in order by one worker), or
+    None for a test that starts none."""
+    if not starts_real_nodes(nodeid):
+        return None
+    return f"{REAL_NODES}-kubelet-side" if nodeid.startswith(KUBELET_SIDE) else REAL_NODES
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
@@ -52,6 +66,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """Every test its own unit of work, but the real-node tests one unit together."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return REAL_NODES if starts_real_nodes(nodeid) else nodeid
+            return real_nodes_unit(nodeid) or nodeid
 
     return RealNodesScheduling(config, log)
