@@ -97,10 +97,14 @@ def cni_conflist(pod_subnet: str) -> dict[str, Any]:
     }
 
 
+#: The kubelet's default healthz port: each node has a network of its own, so every kubelet
+#: serves it there and only the node (its probes, ours through the node's network) reaches it.
+KUBELET_HEALTHZ_PORT = 10248
+
+
 def kubelet_config(
     *,
     port: int,
-    healthz_port: int,
     cgroup_root: str,
     client_ca: Path,
     feature_gates: Mapping[str, bool],
@@ -113,7 +117,7 @@ def kubelet_config(
         "port": port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": healthz_port,
+        "healthzPort": KUBELET_HEALTHZ_PORT,
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": False},

@@ -141,7 +141,7 @@ class RealNodeFleet:
         self.workdir = workdir
         self.verbosity = verbosity
         self.nodes: dict[str, RealNode] = {}
-        self._leases: dict[str, list[PortLease]] = {}
+        self._leases: dict[str, PortLease] = {}
         self._started = 0
         for minor in self.minors:
             problem = node_tier_problem(minor)
@@ -166,13 +166,13 @@ class RealNodeFleet:
         for name, labels in nodes:
             minor = self.minors[self._started % len(self.minors)]
             self._started += 1
-            leases = self._leases[name] = [lease_port(), lease_port()]
+            # The port the API server dials on the host (the relay binds it there).
+            lease = self._leases[name] = lease_port()
             spec = NodeSpec(
                 name=name,
                 kubeconfig=self.cp.kubeconfig(node_identity(name)),
                 client_ca=self.cp.ca_cert,
-                kubelet_port=leases[0].port,
-                healthz_port=leases[1].port,
+                kubelet_port=lease.port,
                 address=node_address(self._started - 1),
                 pod_subnet=pod_subnet(self._started - 1),
                 api_server=self.cp.url.removeprefix("https://"),
@@ -208,7 +208,8 @@ class RealNodeFleet:
         node = self.nodes.pop(name, None)
         if node is not None:
             node.stop(graceful=graceful)
-        for lease in self._leases.pop(name, []):
+        lease = self._leases.pop(name, None)
+        if lease is not None:
             lease.release()
 
     def stop(self) -> None:

@@ -31,7 +31,7 @@ from neuron_dra.sim.realcluster.identities import KUBERNETES_SERVICE_IP
 from neuron_dra.sim.realcluster.processes import Component, tail
 
 from . import cgroups
-from .configs import cni_conflist, containerd_config, kubelet_config
+from .configs import KUBELET_HEALTHZ_PORT, cni_conflist, containerd_config, kubelet_config
 from .images import SANDBOX_IMAGE
 from .layout import NodeLayout
 from .namespace import (
@@ -70,7 +70,6 @@ class NodeSpec:
     kubeconfig: Path  # the node's identity, system:node:<name>
     client_ca: Path  # the CA whose client certificates (the API server's) may call the kubelet
     kubelet_port: int
-    healthz_port: int
     address: str  # the node's address (layout.node_address), on its own loopback
     pod_subnet: str  # its pods' addresses (layout.pod_subnet)
     api_server: str  # host:port of the API server on the host's loopback
@@ -152,7 +151,6 @@ class RealNode:
         )
         kubelet_yaml = kubelet_config(
             port=self.spec.kubelet_port,
-            healthz_port=self.spec.healthz_port,
             cgroup_root="/" + self.spec.cgroup_root,
             client_ca=self.spec.client_ca,
             feature_gates=self.spec.feature_gates,
@@ -182,7 +180,7 @@ class RealNode:
                 f"--v={self.spec.verbosity}",
             ],
             log / "kubelet.log",
-            f"http://127.0.0.1:{self.spec.healthz_port}/healthz",
+            f"http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz",
         )  # fmt: skip
 
     def _boot(self) -> None:
@@ -359,15 +357,7 @@ class RealNode:
 
     def _import_images(self) -> None:
         for archive in self.spec.images:
-            proc = subprocess.run(
-                [str(self.bins.ctr), "--address", str(self.layout.containerd_socket),
-                 "--namespace", "k8s.io", "images", "import", str(archive)],
-                capture_output=True, text=True, check=False, timeout=300,
-            )  # fmt: skip
-            if proc.returncode != 0:
-                raise NodeError(
-                    f"node {self.name}: import of {archive} failed: {proc.stderr.strip()}"
-                )
+            self.ctr("images", "import", str(archive))
 
 
 def _terminate(comp: Component, limit: float = 15.0) -> None:

@@ -1,11 +1,12 @@
 """Loopback ports for the nodes' kubelets, leased across every process of ours on the machine.
 
-A port found free now is bound by the kubelet a moment later, and in between another fleet (a
-parallel test worker, a second ``neuron-dra sim``, or a second node of the same fleet) may pick
-the same one. The kubelet does not exit when its healthz port is taken: it retries, and a probe
-answered by another kubelet's HTTPS port never turns healthy. So each pick also takes an
-``flock`` on a file named after the port and holds it while the node lives; the kernel drops
-the lock when the process dies, so a crashed run leaves no lease behind.
+The API server dials a kubelet at the port the kubelet reports, on the host's loopback, where
+the node's relay (forward.py) binds it. A port found free now is bound a moment later, and in
+between another fleet (a parallel test worker, a second ``neuron-dra sim``, or a second node of
+the same fleet) may pick the same one: two nodes once got one port, and one kubelet never
+turned healthy. So each pick also takes an ``flock`` on a file named after the port and holds
+it while the node lives; the kernel drops the lock when the process dies, so a crashed run
+leaves no lease behind.
 """
 
 from __future__ import annotations

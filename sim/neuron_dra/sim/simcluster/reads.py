@@ -17,6 +17,7 @@ from neuron_dra.sim.controlplane.workloads import PodSet
 from .containers import ContainerDevices, load_specs, resolve
 from .mirror import ClusterReader
 from .realnodes import RealNodes
+from .realworld import node_is_ready
 from .topology import SimNode
 
 JsonDict = dict[str, Any]
@@ -98,14 +99,7 @@ class ClusterReads:
 
     def whole(self) -> bool:
         """Every node Ready and its ResourceSlice published (after nodes came back)."""
-        ready = {
-            n["metadata"]["name"]
-            for n in self.view.list("v1", "Node")
-            if any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (n.get("status") or {}).get("conditions") or []
-            )
-        }
+        ready = {n["metadata"]["name"] for n in self.view.list("v1", "Node") if node_is_ready(n)}
         published = {s["spec"]["nodeName"] for s in self.slices()}
         names = {n.name for n in self.nodes}
         return names <= ready and names <= published
@@ -160,4 +154,3 @@ class ClusterReads:
                 return None
             out.append(pod)
         return out
-
