@@ -64,6 +64,23 @@ class Installed:
         ns = pod["metadata"]["namespace"]
         return self.kubectl("exec", "-n", ns, pod["metadata"]["name"], "--", *argv)
 
+    def apply(self, *docs: dict[str, Any]) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir="/tmp") as f:
+            yaml.safe_dump_all(list(docs), f)
+            f.flush()
+            self.kubectl("apply", "-f", f.name)
+
+    def workload(self, name: str) -> Any:
+        return self.json("get", "nusw", name)
+
+    def workload_state(self, name: str) -> str | None:
+        return (self.workload(name).get("status") or {}).get("state")
+
+    def lease_holder(self) -> str:
+        """Who holds the controller's Lease ("" while there is none)."""
+        out = self.kubectl("get", "lease", "-n", NS, LEASE, "-o", "json", check=False)
+        return str((json.loads(out or "{}").get("spec") or {}).get("holderIdentity") or "")
+
 
 def wait_for(what: str, check: Any, limit: float = 180.0) -> Any:
     deadline = time.monotonic() + limit
@@ -148,21 +165,7 @@ def test_the_controller_runs_two_replicas_with_one_leader(installed: Installed) 
         lambda: (p := [x for x in installed.pods(selector) if ready(x)]) and len(p) == 2 and p,
     )
     names = {p["metadata"]["name"] for p in pods}
-    lease = wait_for(
-        "the controller's Lease held",
-        lambda: (
-            (
-                x := json.loads(
-                    installed.kubectl("get", "lease", "-n", NS, LEASE, "-o", "json", check=False)
-                    or "{}"
-                )
-            )
-            .get("spec", {})
-            .get("holderIdentity")
-            and x
-        ),
-    )
-    holder = lease["spec"]["holderIdentity"]
+    holder = wait_for("the controller's Lease held", installed.lease_holder)
     assert any(holder.startswith(n) for n in names), (holder, names)
 
 
@@ -201,28 +204,15 @@ def test_the_seed_workload_runs_on_the_installed_product(installed: Installed) -
     pods_doc["spec"]["replicas"] = 4
     # Off the host network: in-cluster, as on EKS (the image is the seed's, imported).
     pods_doc["spec"]["template"]["spec"].pop("hostNetwork", None)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "seed.yaml"
-        path.write_text(yaml.safe_dump_all([workload]))
-        installed.kubectl("apply", "-f", str(path))
-        wait_for(
-            "the workload Allocated",
-            lambda: (
-                (
-                    json.loads(installed.kubectl("get", "nusw", NAME, "-o", "json")).get("status")
-                    or {}
-                ).get("state")
-                == "Allocated"
-            ),
-        )
-        wait_for(
-            "the generated template",
-            lambda: installed.kubectl(
-                "get", "resourceclaimtemplate", RCT, "--ignore-not-found", "-o", "name"
-            ),
-        )
-        path.write_text(yaml.safe_dump(pods_doc))
-        installed.kubectl("apply", "-f", str(path))
+    installed.apply(workload)
+    wait_for("the workload Allocated", lambda: installed.workload_state(NAME) == "Allocated")
+    wait_for(
+        "the generated template",
+        lambda: installed.kubectl(
+            "get", "resourceclaimtemplate", RCT, "--ignore-not-found", "-o", "name"
+        ),
+    )
+    installed.apply(pods_doc)
     selector = "app=ultraserver-training"
     pods = wait_for(
         "4 training pods Running",
@@ -327,7 +317,7 @@ class Load:
             i += 1
             name = f"load-{i}"
             try:
-                apply(self.installed, load_pod(i))
+                self.installed.apply(load_pod(i))
                 self.installed.kubectl(
                     "wait", "--for=jsonpath={.status.phase}=Running", f"pod/{name}",
                     "--timeout=90s",
@@ -339,13 +329,6 @@ class Load:
                     return  # the test fails on them; more would say nothing new
             finally:
                 self.installed.kubectl("delete", "pod", name, "--wait=false", check=False)
-
-
-def apply(installed: Installed, *docs: dict[str, Any]) -> None:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir="/tmp") as f:
-        yaml.safe_dump_all(list(docs), f)
-        f.flush()
-        installed.kubectl("apply", "-f", f.name)
 
 
 def rolled_out(installed: Installed, image: str) -> bool:
@@ -376,11 +359,6 @@ def failed_prepares(installed: Installed) -> list[str]:
     return [f"{e['involvedObject']['name']}: {e['message']}" for e in events]
 
 
-def lease_holder(installed: Installed) -> str:
-    lease = installed.json("get", "lease", "-n", NS, LEASE)
-    return str(lease["spec"].get("holderIdentity") or "")
-
-
 # CI time: the upgrade runs on the newest minor only (the install itself on every minor).
 @pytest.mark.parametrize(
     "installed", [p for p in minor_params() if p.values[0] == newest_minor()], indirect=True
@@ -392,22 +370,16 @@ def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -
     # UIDs and sockets, a new leader) without a registry.
     for node in installed.fleet.nodes.values():
         node.ctr("images", "tag", old, new)
-    apply(installed, *(one_device(k) for k in range(DEVICES)))
+    installed.apply(*(one_device(k) for k in range(DEVICES)))
     workload = seed_workload()
     workload["metadata"]["name"] = "kept"
     workload["spec"]["serverCount"] = 1
     workload["spec"]["resourceClaimTemplate"]["name"] = "kept-rct"
-    apply(installed, workload)
-
-    def nusw() -> Any:
-        return installed.json("get", "nusw", "kept")
-
-    kept = wait_for(
-        "the workload Allocated",
-        lambda: nusw().get("status", {}).get("state") == "Allocated" and nusw(),
-    )
+    installed.apply(workload)
+    wait_for("the workload Allocated", lambda: installed.workload_state("kept") == "Allocated")
+    kept = installed.workload("kept")
     wait_for("the release rolled out", lambda: rolled_out(installed, old))
-    leader = lease_holder(installed)
+    leader = installed.lease_holder()
     tag = new.rpartition(":")[2]
     with Load(installed) as load:
         try:
@@ -430,8 +402,8 @@ def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -
         wait_for("more load after the rollback", lambda: load.done >= 12, limit=240)
     assert not load.failures, load.failures
     assert not failed_prepares(installed)
-    assert lease_holder(installed) != leader, "the leader handed over to a new pod"
-    after = nusw()
+    assert installed.lease_holder() != leader, "the leader handed over to a new pod"
+    after = installed.workload("kept")
     assert after["status"]["state"] == "Allocated"
     assert after["status"].get("allocatedUltraServers") == kept["status"].get(
         "allocatedUltraServers"
