@@ -23,7 +23,7 @@ pytest_plugins = ["neuron_dra.sim.fakeapi.pytest_plugin"]
 
 REAL_NODES = "real-nodes"
 #: Test files (or directories) whose every test starts real nodes.
-_ALWAYS = ("tests/realnode/",)
+_ALWAYS = ("tests/realnode/", "tests/soak/test_real_node_soak.py")
 #: Test files whose real-world cases (ids real-<minor>, kubelet-<minor>) start real nodes.
 _REAL_CASES = (
     "tests/e2e/",
@@ -44,10 +44,14 @@ def starts_real_nodes(nodeid: str) -> bool:
     return case_id.startswith(("real-", "kubelet-"))
 
 
-#: The kubelet-side tests' clusters are small (two nodes at most): they run beside the other
-#: real-node tests, whose largest cluster is twelve nodes (12 + 2 nodes x 8 inotify instances
-#: fit the user's 128; docs/testing.md, "Running in parallel").
-KUBELET_SIDE = "tests/realnode/"
+#: The kubelet-side tests' clusters are small (two nodes at most) and the real-node soak's
+#: has four: they run beside the other real-node tests, whose largest cluster is twelve
+#: nodes (12 + 4 nodes x 8 inotify instances fit the user's 128; docs/testing.md, "Running
+#: in parallel").
+KUBELET_SIDE = ("tests/realnode/", "tests/soak/test_real_node_soak.py")
+#: Run first in its unit: the other unit's first tests (the chart's) run five nodes at most,
+#: its twelve-node clusters come minutes later.
+FIRST = "tests/soak/test_real_node_soak.py"
 
 
 def real_nodes_unit(nodeid: str) -> str | None:
@@ -56,6 +60,10 @@ def real_nodes_unit(nodeid: str) -> str | None:
     if not starts_real_nodes(nodeid):
         return None
     return f"{REAL_NODES}-kubelet-side" if nodeid.startswith(KUBELET_SIDE) else REAL_NODES
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
 
 
 @pytest.hookimpl(tryfirst=True)

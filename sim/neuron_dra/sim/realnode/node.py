@@ -224,6 +224,12 @@ class RealNode:
     def reboot(self) -> None:
         """The node goes down hard and comes back with a new boot id: every process of the
         node is killed (pods included), the node's disk (its directories) stays."""
+        self.halt()
+        self._boot()
+
+    def halt(self) -> None:
+        """The first half of :meth:`reboot`: the node is down, with a new boot id for when it
+        boots again (:meth:`boot_steps`; a caller with an event loop runs them itself)."""
         for comp in (*self.spawned.values(), *self.components.values()):
             _kill(comp)
         self.namespace.stop()
@@ -238,7 +244,6 @@ class RealNode:
         self.layout.cdi_dir.mkdir(parents=True, exist_ok=True)
         self.boot_id = str(uuid.uuid4())
         set_boot_id(self.layout, self.boot_id)
-        self._boot()
 
     # --- components ------------------------------------------------------------------------
 
@@ -250,10 +255,19 @@ class RealNode:
             comp.proc.wait(timeout=30)
 
     def restart(self, name: str) -> None:
+        self.relaunch(name)
+        self.wait_up(name)
+
+    def relaunch(self, name: str) -> None:
+        """Start ``containerd`` or ``kubelet`` again (stopped first if it runs) without
+        waiting: from the thread the node's processes should die with."""
         comp = self.components[name]
         _terminate(comp)
         comp.restarts += 1
         self._launch(comp)
+
+    def wait_up(self, name: str) -> None:
+        """Until ``containerd`` serves or the ``kubelet`` is healthy (a thread may wait)."""
         if name == CONTAINERD:
             self._wait_containerd()
         else:

@@ -230,23 +230,31 @@ class RealNodes:
     async def look_inside(self, pod: Mapping[str, Any], container: str) -> ContainerDevices:
         """What ``container`` of ``pod`` has: its Neuron device nodes and environment, read
         with ``kubectl exec`` as a user would."""
-        meta = pod["metadata"]
-        args = (
-            "exec", "-n", str(meta.get("namespace") or "default"), str(meta["name"]),
-            "-c", container, "--", "sh", "-c", _LOOK_INSIDE,
+        return await look_inside(self.cp, pod, container)
+
+
+async def look_inside(
+    cp: RealControlPlane, pod: Mapping[str, Any], container: str, limit: float = _EXEC_LIMIT
+) -> ContainerDevices:
+    """What ``container`` of ``pod`` has (its Neuron device nodes and environment), read with
+    ``kubectl exec``; errors that go away (:data:`_TRANSIENT`) are retried for ``limit`` s."""
+    meta = pod["metadata"]
+    args = (
+        "exec", "-n", str(meta.get("namespace") or "default"), str(meta["name"]),
+        "-c", container, "--", "sh", "-c", _LOOK_INSIDE,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while True:
+        proc = await asyncio.create_subprocess_exec(
+            str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig()),
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _EXEC_LIMIT
-        while True:
-            proc = await asyncio.create_subprocess_exec(
-                str(self.cp.bin_dir / "kubectl"), "--kubeconfig", str(self.cp.kubeconfig()),
-                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            out, err = await proc.communicate()
-            if proc.returncode == 0:
-                return parse_look_inside(out.decode(errors="replace"))
-            message = err.decode(errors="replace").strip()
-            if not _TRANSIENT.search(message) or loop.time() > deadline:
-                raise RuntimeError(f"kubectl {' '.join(args[:4])}: {message}")
-            log.info("kubectl exec into %s: %s (retrying)", meta["name"], message)
-            await asyncio.sleep(0.5)  # the resolver's cache or a starting container
+        out, err = await proc.communicate()
+        if proc.returncode == 0:
+            return parse_look_inside(out.decode(errors="replace"))
+        message = err.decode(errors="replace").strip()
+        if not _TRANSIENT.search(message) or loop.time() > deadline:
+            raise RuntimeError(f"kubectl {' '.join(args[:4])}: {message}")
+        log.info("kubectl exec into %s: %s (retrying)", meta["name"], message)
+        await asyncio.sleep(0.5)  # the resolver's cache or a starting container

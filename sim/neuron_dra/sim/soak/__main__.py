@@ -33,6 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=60.0,
         help="s a deleted workload may take to be freed once the system is whole",
     )
+    p.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="real kubelets, containerd and containers (root; hack/k8s/node-packages); adds "
+        "kill -9 of kubelets and containerds and node reboots to the faults",
+    )
     p.add_argument("--workdir", type=Path, help="default: a new /tmp/ndra-soak-* directory")
     p.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     p.add_argument("--quiet", action="store_true", help="print only violations and the summary")

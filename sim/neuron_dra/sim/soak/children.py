@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,11 +55,14 @@ class Child:
     held: bool = False
     pids: list[int] = field(default_factory=list)
     starts: int = 0
+    #: Where the process runs, as an argv prefix made at each start: a real node's plugin
+    #: enters the node's namespaces, which are new after the node reboots.
+    enter: Callable[[list[str]], list[str]] | None = None
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
-        self.proc = popen(self.argv, self.log)
+        self.proc = popen(self.enter(self.argv) if self.enter else self.argv, self.log)
         self.pids.append(self.proc.pid)
         self.started_at = time.monotonic()
         self.starts += 1

@@ -62,18 +62,18 @@ async def churn(soak: Soak, end: float) -> None:
             soak.event(f"op {op} failed: {type(exc).__name__}: {str(exc)[:120]}")
 
 
-def pod_body(name: str, claim: JsonDict, labels: JsonDict | None = None) -> JsonDict:
+def pod_body(
+    name: str, claim: JsonDict, container: JsonDict, labels: JsonDict | None = None
+) -> JsonDict:
+    """A pod using one claim with one container (its image and command: the nodes' choice,
+    :meth:`.nodes.SoakNodes.pod_container`)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels or {"soak": "1"}},
         "spec": {
             "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "neuron"}]},
-                }
+                {"name": "c", **container, "resources": {"claims": [{"name": "neuron"}]}}
             ],
             "resourceClaims": [{"name": "neuron", **claim}],
             # Leases may lapse while the API server is down: no evictions for that.
@@ -122,7 +122,7 @@ async def advance(soak: Soak) -> None:
         claim = {"resourceClaimTemplateName": f"{w.name}-rct"}
         labels = {"soak": "1", "workload": w.name}
         if w.mode == "deployment":
-            template = pod_body("x", claim, labels)
+            template = pod_body("x", claim, soak.node_side.pod_container(), labels)
             body = {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
@@ -136,7 +136,8 @@ async def advance(soak: Soak) -> None:
             await soak.kube.resource(DEPLOYMENTS).create(body, NS)
         else:
             for i in range(pods):
-                await soak.kube.resource(PODS).create(pod_body(f"{w.name}-{i}", claim, labels), NS)
+                body = pod_body(f"{w.name}-{i}", claim, soak.node_side.pod_container(), labels)
+                await soak.kube.resource(PODS).create(body, NS)
         w.pods_created = True
         soak.event(f"op workload {w.name} ({w.wid}) Allocated: {pods} pods ({w.mode})")
 
@@ -199,7 +200,7 @@ async def create_claim(soak: Soak, draw: float) -> None:
         "spec": {"devices": devices},
     }
     await soak.kube.resource(RESOURCE_CLAIMS).create(claim, NS)
-    pod = pod_body(f"{name}-pod", {"resourceClaimName": name})
+    pod = pod_body(f"{name}-pod", {"resourceClaimName": name}, soak.node_side.pod_container())
     # Most plain claims stay off the first UltraServers (room for workloads); some roam.
     servers = len(soak.nodes) // TOPOLOGY_SIZE
     if servers > 1 and (draw * 10) % 1 < 0.8:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from neuron_dra.sim.realcluster import (
 )
 from neuron_dra.sim.soak.children import CONTROLLER, PLUGIN
 from neuron_dra.sim.soak.options import CONTROL_PLANE
+from neuron_dra.sim.soak.realnodes import REBOOT
 from neuron_dra.sim.soak.supervisor import restart_child, restart_cp
 
 if TYPE_CHECKING:
@@ -48,12 +50,18 @@ class Fault:
 
 
 def plan_faults(
-    fault_rng: random.Random, plugins: list[str], minutes: float, fault_interval: float
+    fault_rng: random.Random,
+    nodes: list[str],
+    minutes: float,
+    fault_interval: float,
+    node_weights: Mapping[str, int] | None = None,
 ) -> list[Fault]:
     """Faults at exponential intervals (mean ``fault_interval`` s) over the run, each kind
-    drawn by its weight, a plugin fault on a random node, a downtime of up to 4 s."""
-    kinds = list(FAULT_WEIGHTS)
-    weights = [FAULT_WEIGHTS[k] for k in kinds]
+    drawn by its weight, a plugin fault (or a fault of ``node_weights``: a real node's
+    kubelet, containerd, reboot) on a random node, a downtime of up to 4 s."""
+    table = {**FAULT_WEIGHTS, **(node_weights or {})}
+    kinds = list(table)
+    weights = [table[k] for k in kinds]
     out: list[Fault] = []
     t = 10.0
     end = minutes * 60
@@ -62,7 +70,8 @@ def plan_faults(
         if t >= end:
             return out
         kind = fault_rng.choices(kinds, weights)[0]
-        target = fault_rng.choice(plugins) if kind == PLUGIN else kind
+        on_node = kind == PLUGIN or kind in (node_weights or {})
+        target = fault_rng.choice(nodes) if on_node else kind
         out.append(Fault(round(t, 1), kind, target, round(fault_rng.uniform(0, 4), 1)))
 
 
@@ -98,8 +107,11 @@ async def one_fault(soak: Soak, fault: Fault) -> None:
     fault.target = target
     fault.done_at = soak.now()
     soak.whole_since = None
-    soak.event(f"FAULT kill -9 {fault.kind} {target} (down {fault.downtime}s)")
-    if fault.kind in CONTROL_PLANE:
+    what = "reboot" if fault.kind == REBOOT else f"kill -9 {fault.kind}"
+    soak.event(f"FAULT {what} {target} (down {fault.downtime}s)")
+    if fault.kind in soak.node_side.fault_weights:
+        restarted = await soak.node_side.inject(fault)
+    elif fault.kind in CONTROL_PLANE:
         soak.held_cp.add(target)
         soak.cp.kill(target)
         await asyncio.sleep(fault.downtime)

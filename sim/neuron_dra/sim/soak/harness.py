@@ -8,15 +8,14 @@ Processes (all on loopback, under one work directory, all started from the main 
 - etcd, kube-apiserver, kube-controller-manager, kube-scheduler (:mod:`..realcluster`; etcd's
   data dir survives its restarts);
 - two ``neuron-dra-controller`` replicas with Lease leader election;
-- one ``neuron-dra-kubelet-plugin`` per simulated node (UltraServers of 4 trn2u.48xlarge);
-- in this process: the simulated kubelets (:class:`..controlplane.SimKubelet`, which call the
-  plugins over their gRPC sockets), the nodes' registration and Lease renewal, the churn and
-  the checker.
+- one ``neuron-dra-kubelet-plugin`` per node (UltraServers of 4 trn2u.48xlarge);
+- the nodes (:mod:`.nodes`): simulated kubelets in this process (:mod:`.simnodes`, the
+  default) or real nodes with real kubelets, containerd and containers (:mod:`.realnodes`,
+  ``--real-nodes``, whose faults add kill -9 of a kubelet or a containerd and node reboots);
+- in this process: the churn and the checker.
 
 A dead process is restarted by a supervisor, as the kubelet restarts a container (a
 controller replica that loses its lease exits on purpose and is restarted this way too).
-A restarted plugin is registered again by its node's kubelet, as the kubelet's plugin
-watcher does when the registration socket is re-created.
 
 The fault schedule and the churn's choices are drawn from ``random.Random(seed)``: the same
 seed replays the same sequence of faults and operations (timing, and so the interleaving
@@ -40,22 +39,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from neuron_dra.common.constants import DRIVER_NAME, DRIVER_NAMESPACE
+from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.common.k8s.client import LEASES, NEURON_ULTRASERVERS, KubeClient, connect
 from neuron_dra.common.k8s.errors import NotFoundError
-from neuron_dra.sim.controlplane import ControlPlane, ensure_device_classes
+from neuron_dra.sim.controlplane import ensure_device_classes
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
-from neuron_dra.sim.simcluster.realworld import (
-    SERVICE_ACCOUNTS,
-    NodeLease,
-    ensure_namespace,
-    register_node,
-)
+from neuron_dra.sim.simcluster.realworld import SERVICE_ACCOUNTS, ensure_namespace
 from neuron_dra.sim.simcluster.topology import SimNode, ultraservers
 from neuron_dra.sim.soak import faults, invariants, report, settling
 from neuron_dra.sim.soak.children import CONTROLLER, PLUGIN, Child, PluginStartError, leaked
 from neuron_dra.sim.soak.churn import Workload, churn
 from neuron_dra.sim.soak.faults import Fault
+from neuron_dra.sim.soak.nodes import SoakNodes
 from neuron_dra.sim.soak.options import (
     CONTROL_PLANE,
     CONTROLLER_LEASE,
@@ -65,6 +60,8 @@ from neuron_dra.sim.soak.options import (
     JsonDict,
     Options,
 )
+from neuron_dra.sim.soak.realnodes import RealSoakNodes
+from neuron_dra.sim.soak.simnodes import SimNodes
 from neuron_dra.sim.soak.supervisor import restart_child, restart_cp, supervise
 
 log = logging.getLogger(__name__)
@@ -87,8 +84,7 @@ class Soak:
         self.cp: RealControlPlane | None = None
         self.kube: KubeClient | None = None  # churn + checker
         self.kubelet_kube: KubeClient | None = None
-        self.sim: ControlPlane | None = None
-        self.leases: list[NodeLease] = []
+        self.node_side: SoakNodes = RealSoakNodes(self) if options.real_nodes else SimNodes(self)
         self.children: dict[str, Child] = {}
         self.events: deque[str] = deque(maxlen=200)
         self.t0 = time.monotonic()
@@ -127,8 +123,7 @@ class Soak:
         self.violations.append(record)
         report = [
             f"VIOLATION {kind}: {detail}",
-            f"  replay: hack/soak --seed {self.o.seed} --minutes {self.o.minutes:g} "
-            f"--nodes {self.o.nodes} --minor {self.o.minor}",
+            f"  replay: {self.o.command()}",
             "  faults so far:",
             *(
                 f"    {f.done_at or f.at:8.1f}s {f.kind} {f.target} (down {f.downtime:.1f}s)"
@@ -162,17 +157,11 @@ class Soak:
         nodes.symlink_to(short)
         return short
 
-    def node_root(self, node: str) -> Path:
-        return self.nodes_dir / node
-
     def cdi_root(self, node: str) -> Path:
-        return self.node_root(node) / "cdi"
-
-    def registrar_dir(self, node: str) -> Path:
-        return self.node_root(node) / "registry"
+        return self.node_side.cdi_root(node)
 
     def checkpoint(self, node: str) -> Path:
-        return self.node_root(node) / "plugins" / DRIVER_NAME / "checkpoint.json"
+        return self.node_side.checkpoint(node)
 
     # --- start and stop ------------------------------------------------------------------
 
@@ -194,31 +183,8 @@ class Soak:
         await ensure_namespace(self.kube, DRIVER_NAMESPACE)
         await self.wait(self._default_service_account, "default ServiceAccount", 60)
         await ensure_device_classes(self.kube)
-        for index, node in enumerate(self.nodes):
-            await register_node(self.kube, node, index)
-            lease = NodeLease(self.kubelet_kube, node.name)
-            lease.start()
-            self.leases.append(lease)
-            self.node_root(node.name).mkdir(parents=True, exist_ok=True)
-        py = sys.executable
-        procs = [py, "-m", "neuron_dra.sim.soak.procs"]
-        for node in self.nodes:
-            root = self.node_root(node.name)
-            self.children[node.name] = Child(
-                node.name,
-                PLUGIN,
-                [
-                    *procs, "plugin", "--node-name", node.name, "--kubeconfig", str(admin),
-                    "--cdi-root", str(self.cdi_root(node.name)),
-                    "--kubelet-registrar-directory-path", str(self.registrar_dir(node.name)),
-                    "--kubelet-plugins-directory-path", str(root / "plugins"),
-                    "--emulation-mode", node.instance_type,
-                    "--emulated-ultraserver-id", str(node.ultraserver_id),
-                    "--emulated-ultraserver-node-id", str(node.ultraserver_node_id),
-                    "--http-port", "0",
-                ],
-                self.workdir / "logs" / f"plugin-{node.name}.log",
-            )  # fmt: skip
+        await self.node_side.start()
+        procs = [sys.executable, "-m", "neuron_dra.sim.soak.procs"]
         for i in range(2):
             name = f"controller-{i}"
             self.children[name] = Child(
@@ -230,15 +196,8 @@ class Soak:
                 ],
                 self.workdir / "logs" / f"{name}.log",
             )  # fmt: skip
-        for child in self.children.values():
-            child.start()
-        self.sim = ControlPlane(
-            self.kubelet_kube,
-            registrar_dirs={n.name: self.registrar_dir(n.name) for n in self.nodes},
-            simulate_control_plane=False,
-        )
-        await self.sim.start()
-        await self.wait(self._all_registered, "every plugin registered", 180)
+            self.children[name].start()
+        await self.wait(self.node_side.registered, "every plugin registered", 180)
         want = len(self.nodes) // TOPOLOGY_SIZE
         await self.wait(self.whole, "the system whole", self.o.recover_limit)
 
@@ -250,19 +209,6 @@ class Soak:
         await self.wait(discovered, f"{want} NeuronUltraServers", 120)
         self.event(f"started in {self.now():.1f}s")
 
-    async def _all_registered(self) -> bool | str:
-        """True once every node's kubelet registered its plugin; else which have not, with
-        the last line a dead plugin wrote (a plugin that cannot start says why there)."""
-        assert self.sim is not None
-        waiting = [n for n, k in self.sim.kubelets.items() if not k.registered.is_set()]
-        if not waiting:
-            return True
-        dead = [self.children[n] for n in waiting if not self.children[n].running()]
-        if dead:
-            lines = dead[0].log.read_text(errors="replace").strip().splitlines() or ["(empty)"]
-            raise PluginStartError(f"plugin {dead[0].name} exited: {lines[-1]}")
-        return f"not yet registered: {waiting}"
-
     async def _default_service_account(self) -> bool:
         assert self.kube is not None
         try:
@@ -273,14 +219,9 @@ class Soak:
 
     async def stop(self) -> None:
         self.stopping.set()
-        if self.sim is not None:
-            with contextlib.suppress(Exception):
-                await self.sim.stop()
-        for lease in self.leases:
-            with contextlib.suppress(Exception):
-                await lease.stop()
         for child in self.children.values():
             child.terminate()
+        await self.node_side.stop()
         for kube in (self.kube, self.kubelet_kube):
             if kube is not None:
                 with contextlib.suppress(Exception):
@@ -338,6 +279,9 @@ class Soak:
         down = [c.name for c in self.children.values() if not c.running()]
         if down:
             return f"down: {down}"
+        node_down = self.node_side.down()
+        if node_down:
+            return node_down
         controllers = [c for c in self.children.values() if c.kind == CONTROLLER]
         alive = await asyncio.gather(*(self.ready(c.http_port(), "/healthz") for c in controllers))
         if not all(alive):
@@ -348,7 +292,7 @@ class Soak:
         if not await self.ready(leader.http_port()):
             return f"leader {leader.name} not ready"
         results = await asyncio.gather(
-            *(self.ready(c.http_port()) for c in self.children.values() if c.kind == PLUGIN)
+            *(self.node_side.plugin_ready(c) for c in self.children.values() if c.kind == PLUGIN)
         )
         if not all(results):
             return f"{results.count(False)} plugins not ready"
@@ -358,18 +302,18 @@ class Soak:
 
     def plan_faults(self) -> list[Fault]:
         return faults.plan_faults(
-            self.fault_rng, [n.name for n in self.nodes], self.o.minutes, self.o.fault_interval
+            self.fault_rng,
+            [n.name for n in self.nodes],
+            self.o.minutes,
+            self.o.fault_interval,
+            self.node_side.fault_weights,
         )
 
     def check_always(self, snap: JsonDict) -> list[tuple[str, str]]:
         return invariants.always_violations(snap)
 
     def check_converged(self, snap: JsonDict) -> list[tuple[str, str]]:
-        assert self.sim is not None
-        prepared = {
-            node: {uid for s in self.sim.kubelets[node].prepared.values() for uid in s.claims}
-            for node in snap["files"]
-        }
+        prepared = {node: self.node_side.kubelet_prepared(node) for node in snap["files"]}
         return invariants.converged_violations(snap, prepared)
 
     def report(self, started: bool) -> JsonDict:

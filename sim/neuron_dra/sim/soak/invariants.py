@@ -3,10 +3,18 @@ node's checkpoint and CDI specs): what holds at every instant, and what holds on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from neuron_dra.common.constants import ATTR_WORKLOAD_ID, DRIVER_NAME, LABEL_WORKLOAD_ID
+from neuron_dra.common.ultraserver import node_reservations
+from neuron_dra.sim.simcluster.containers import ContainerDevices
 from neuron_dra.sim.soak.options import JsonDict
+
+#: The environment that says which cores and which rank a container has.
+ENV_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"
+ENV_GLOBAL_TOPOID = "NEURON_GLOBAL_TOPOID"
 
 
 def slice_tags(slices: Iterable[JsonDict]) -> set[tuple[str, str]]:
@@ -186,4 +194,83 @@ def converged_violations(
                 f"slice-only {sorted(tags - want)}, nus-only {sorted(want - tags)}",
             )
         )
+    return out
+
+
+@dataclass(frozen=True)
+class ContainerExpectation:
+    """What a Running container must have, from its claims' allocations and the
+    NeuronUltraServers' entries alone (not from anything the plugin wrote)."""
+
+    device_nodes: tuple[str, ...]
+    visible_cores: str
+    #: ``NEURON_GLOBAL_TOPOID``; None: the variable must be absent (not a workload's claim).
+    rank: str | None
+
+
+def pod_claim_names(pod: JsonDict) -> list[str] | None:
+    """The ResourceClaim names ``pod`` uses (a template's generated name from the pod's
+    status); None while one is not known yet."""
+    generated = {
+        str(s.get("name")): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    out = []
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = ref.get("resourceClaimName") or generated.get(str(ref.get("name")))
+        if not name:
+            return None
+        out.append(str(name))
+    return out
+
+
+def expected_container(
+    pod: JsonDict,
+    claims: Mapping[str, JsonDict],
+    nus_objects: Iterable[JsonDict],
+    cores_per_device: int,
+) -> ContainerExpectation | None:
+    """What the container of ``pod`` (one container using all its claims) must have, or
+    None when that cannot be said (a claim gone or not allocated: the pod is going away).
+    ``claims`` by name in the pod's namespace; ``cores_per_device``: logical cores."""
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    names = pod_claim_names(pod)
+    if not node or names is None or any(n not in claims for n in names):
+        return None
+    indices: list[int] = []
+    wids = set()
+    for name in names:
+        claim = claims[name]
+        devices = allocated_devices(claim)
+        if not devices:
+            return None
+        indices += [int(re.sub(r"\D", "", d)) for pool, d in devices if pool == node]
+        wid = (claim["metadata"].get("labels") or {}).get(LABEL_WORKLOAD_ID)
+        if wid:
+            wids.add(str(wid))
+    rank = None
+    if wids:
+        mine = [r for r in node_reservations(nus_objects, node) if r.workload_id in wids]
+        if len(mine) != 1:
+            return None  # the workload's entry is going (or never was: another check's case)
+        rank = str(mine[0].rank)
+    first, last = min(indices) * cores_per_device, (max(indices) + 1) * cores_per_device - 1
+    return ContainerExpectation(
+        device_nodes=tuple(f"/dev/neuron{i}" for i in sorted(indices)),
+        visible_cores=str(first) if first == last else f"{first}-{last}",
+        rank=rank,
+    )
+
+
+def container_differences(want: ContainerExpectation, seen: ContainerDevices) -> list[str]:
+    """How what a container has differs from what its claims give (empty: exactly that)."""
+    out = []
+    if tuple(seen.device_nodes) != want.device_nodes:
+        out.append(f"device nodes {seen.device_nodes}, claims give {list(want.device_nodes)}")
+    cores = seen.env.get(ENV_VISIBLE_CORES)
+    if cores != want.visible_cores:
+        out.append(f"{ENV_VISIBLE_CORES}={cores}, claims give {want.visible_cores}")
+    rank = seen.env.get(ENV_GLOBAL_TOPOID)
+    if rank != want.rank:
+        out.append(f"{ENV_GLOBAL_TOPOID}={rank}, claims give {want.rank}")
     return out

@@ -34,5 +34,15 @@ class Options:
     #: How long the system may take to be whole after a fault, or to converge at the end.
     recover_limit: float = 180.0
     converge_limit: float = 240.0
+    #: Real nodes (real kubelets, containerd, containers) instead of simulated kubelets.
+    real_nodes: bool = False
     keep: bool = False
     quiet: bool = False
+
+    def command(self) -> str:
+        """The command that replays this run (the same seed: the same faults and operations)."""
+        real = " --real-nodes" if self.real_nodes else ""
+        return (
+            f"hack/soak --minutes {self.minutes:g} --seed {self.seed} --nodes {self.nodes} "
+            f"--minor {self.minor}{real}"
+        )

@@ -27,8 +27,7 @@ def report(soak: Soak, started: bool) -> JsonDict:
             by_kind.setdefault(f.kind, []).append(f.recovery)
     done = [f for f in soak.faults if f.done_at is not None]
     return {
-        "command": f"hack/soak --minutes {soak.o.minutes:g} --seed {soak.o.seed} "
-        f"--nodes {soak.o.nodes} --minor {soak.o.minor}",
+        "command": soak.o.command(),
         "started": started,
         "duration_s": round(soak.now(), 1),
         "nodes": len(soak.nodes),
@@ -52,6 +51,7 @@ def report(soak: Soak, started: bool) -> JsonDict:
             "p99": round(_percentile(soak.free_latency, 99), 1),
         },
         "checks": soak.checks,
+        "containers_looked_into": soak.node_side.containers_looked_into(),
         "violations": soak.violations,
         "fault_schedule": [
             {"at": f.done_at, "kind": f.kind, "target": f.target, "down": f.downtime} for f in done
@@ -62,7 +62,8 @@ def report(soak: Soak, started: bool) -> JsonDict:
 def summary(r: JsonDict) -> str:
     lines = [
         f"soak: {r['command']}",
-        f"  ran {r['duration_s']}s on {r['nodes']} nodes; {r['checks']} invariant rounds",
+        f"  ran {r['duration_s']}s on {r['nodes']} nodes; {r['checks']} invariant rounds; "
+        f"{r['containers_looked_into']} containers looked into",
         f"  faults: {r['faults']} (plugins: {len(r['plugins_killed'])} distinct)",
         f"  self-exits (restarted): {r['self_exits']}",
         f"  operations: {r['operations']} (failed, retried later: {r['operation_failures']})",

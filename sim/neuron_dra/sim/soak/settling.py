@@ -105,7 +105,9 @@ async def checker(soak: Soak) -> None:
         except Exception:
             continue  # the API server may be down
         soak.checks += 1
-        for kind, detail in always_violations(snap):
+        found = always_violations(snap)
+        found += await soak.node_side.check_containers(snap, every=False)
+        for kind, detail in found:
             # The same instance stays visible for a few rounds: report it once.
             if (kind, detail) not in reported:
                 reported.add((kind, detail))
@@ -155,6 +157,7 @@ async def converge(soak: Soak, what: str) -> None:
         nonlocal last
         snap = await snapshot(soak)
         last = always_violations(snap) + soak.check_converged(snap)
+        last += await soak.node_side.check_containers(snap, every=True)
         check_frees(soak, snap)
         if last:
             return "; ".join(f"{k}: {d}" for k, d in last[:3])

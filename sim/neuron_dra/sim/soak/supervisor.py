@@ -1,14 +1,11 @@
 """Restarting what died: the kubelet's restart policy for our processes, a relaunch of a
-control-plane component, and the kubelet's plugin watcher registering a restarted plugin."""
+control-plane component, systemd's for a real node's kubelet and containerd."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from typing import TYPE_CHECKING
 
-from neuron_dra.sim.kubeletclient import KubeletClient
 from neuron_dra.sim.soak.children import PLUGIN, Child, popen
 from neuron_dra.sim.soak.options import CONTROL_PLANE
 
@@ -32,35 +29,14 @@ async def supervise(soak: Soak) -> None:
                 soak.self_exits[name] += 1
                 soak.event(f"{name} exited by itself; restarting")
                 await restart_cp(soak, name)
+        await soak.node_side.restart_dead()
         await asyncio.sleep(1.0)
 
 
 async def restart_child(soak: Soak, child: Child) -> None:
     child.start()
     if child.kind == PLUGIN:
-        asyncio.get_running_loop().create_task(reregister(soak, child.name))
-
-
-async def reregister(soak: Soak, node: str) -> None:
-    """The kubelet's plugin watcher sees the re-created registration socket and
-    registers the plugin again (GetInfo, NotifyRegistrationStatus)."""
-    assert soak.sim is not None
-    child = soak.children[node]
-    kubelet = soak.sim.kubelets[node]
-    deadline = time.monotonic() + 120
-    while child.http_port() is None:
-        if time.monotonic() > deadline or not child.running():
-            return
-        await asyncio.sleep(0.2)
-    fresh = KubeletClient(soak.registrar_dir(node))
-    while not fresh.plugins and time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            await fresh.register_all()
-        if not fresh.plugins:
-            await asyncio.sleep(0.3)
-    old, kubelet.client = kubelet.client, fresh
-    with contextlib.suppress(Exception):
-        await old.close()
+        soak.node_side.plugin_restarted(child)
 
 
 async def restart_cp(soak: Soak, name: str) -> None:

@@ -1,0 +1,247 @@
+"""The chaos soak's checks on hand-made snapshots (a checker that sees nothing cannot pass for
+a system that breaks nothing), its fault schedule, and a short soak on simulated nodes; the
+short soak on real nodes, with every kind of fault, is tests/soak/test_real_node_soak.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from neuron_dra.sim.simcluster.containers import ContainerDevices
+from neuron_dra.sim.soak import realnodes
+from neuron_dra.sim.soak.children import PLUGIN
+from neuron_dra.sim.soak.faults import FAULT_WEIGHTS, LEADER, Fault, plan_faults
+from neuron_dra.sim.soak.harness import Soak
+from neuron_dra.sim.soak.invariants import (
+    ContainerExpectation,
+    container_differences,
+    expected_container,
+)
+from neuron_dra.sim.soak.options import Options
+from neuron_dra.sim.worlds import require_built
+
+MINOR = "1.34"
+
+
+def _claim(name: str, uid: str, devices: list[tuple[str, str]], **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": uid, "labels": labels},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"driver": "neuron.aws.com", "pool": p, "device": d} for p, d in devices
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _snapshot(**kw: Any) -> dict[str, Any]:
+    return {"claims": [], "nus": [], "workloads": [], "slices": [], "pods": [], "files": {}, **kw}
+
+
+def _soak(tmp_path: Path) -> Soak:
+    return Soak(Options(nodes=4, workdir=tmp_path, quiet=True))
+
+
+def test_the_checker_sees_a_device_prepared_for_two_live_claims(tmp_path: Path) -> None:
+    soak = _soak(tmp_path)
+    snap = _snapshot(
+        claims=[_claim("a", "u1", [("n0", "neurondevice0")]), _claim("b", "u2", [])],
+        files={
+            "n0": (
+                {
+                    "u1": {"devices": [{"deviceName": "neurondevice0"}]},
+                    "u2": {"devices": [{"deviceName": "neurondevice0"}]},
+                },
+                {"u1", "u2"},
+            )
+        },
+    )
+    # b is not allocated (a stale entry, unprepared soon): not two live claims.
+    assert soak.check_always(snap) == []
+    snap["claims"][1] = _claim("b", "u2", [("n0", "neurondevice1")])
+    (kind, detail), *_ = soak.check_always(snap)
+    assert kind == "double-use" and "neurondevice0" in detail
+
+
+def test_the_checker_sees_claims_outside_the_reservation_and_partial_units(
+    tmp_path: Path,
+) -> None:
+    soak = _soak(tmp_path)
+    workload = {
+        "metadata": {"name": "w"},
+        "spec": {"serverCount": 2, "topologySize": 4},
+        "status": {"state": "Allocated", "workloadId": "w-1"},
+    }
+    nus = {
+        "metadata": {"name": "us0"},
+        "status": {
+            "allocations": [
+                {"workloadId": "w-1", "workloadRef": "default/w", "allocatedNodes": ["a", "b"]}
+            ]
+        },
+    }
+    claim = _claim("c", "u", [("z", "neurondevice0")], **{"neuron.aws.com/workload-id": "w-1"})
+    kinds = {
+        k for k, _ in soak.check_always(_snapshot(claims=[claim], nus=[nus], workloads=[workload]))
+    }
+    assert kinds == {"not-all-or-nothing", "outside-reservation"}
+    # Allocated only in the read after the entries' (its allocation finished in between): a
+    # half-written view, not a half allocation.
+    torn = _snapshot(claims=[], nus=[nus], workloads=[workload])
+    torn["workloads_before"] = []
+    assert soak.check_always(torn) == []
+
+
+def test_the_checker_sees_orphans_and_tags_out_of_step(tmp_path: Path) -> None:
+    soak = _soak(tmp_path)
+
+    class Kubelet:
+        prepared: dict[str, Any] = {}
+
+    class Sim:
+        kubelets = {"n0": Kubelet()}
+
+    soak.node_side.sim = Sim()  # type: ignore[attr-defined]
+    tagged = {
+        "spec": {
+            "driver": "neuron.aws.com",
+            "nodeName": "n0",
+            "devices": [{"name": "d", "attributes": {"workloadId": {"string": "gone-1"}}}],
+        }
+    }
+    snap = _snapshot(files={"n0": ({"u9": {"devices": []}}, set())}, slices=[tagged])
+    kinds = {k for k, _ in soak.check_converged(snap)}
+    assert kinds == {"checkpoint-cdi", "checkpoint-kubelet", "orphan-prepare", "workload-tags"}
+
+
+def test_the_fault_schedule_replays_from_the_seed(tmp_path: Path) -> None:
+    def plan(seed: int) -> list[Fault]:
+        return Soak(Options(nodes=8, seed=seed, minutes=5, workdir=tmp_path)).plan_faults()
+
+    assert plan(3) == plan(3) and plan(3) != plan(4)
+
+
+def test_the_fault_schedule_has_the_real_nodes_faults_on_nodes(tmp_path: Path) -> None:
+    nodes = [f"n{i}" for i in range(4)]
+    schedule = plan_faults(random.Random(2), nodes, 30, 5.0, realnodes.FAULT_WEIGHTS)
+    kinds = {f.kind for f in schedule}
+    assert set(realnodes.FAULT_WEIGHTS) <= kinds and set(FAULT_WEIGHTS) <= kinds
+    for f in schedule:
+        on_node = f.kind == PLUGIN or f.kind in realnodes.FAULT_WEIGHTS
+        assert (f.target in nodes) if on_node else f.target == f.kind
+    assert not {f.kind for f in plan_faults(random.Random(2), nodes, 30, 5.0)} & set(
+        realnodes.FAULT_WEIGHTS
+    )
+
+
+def test_the_kubelets_prepared_claims_are_read_from_its_checkpoint() -> None:
+    data = {
+        "kind": "DRACheckpoint",
+        "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+        "ClaimInfoStateList": [
+            {"ClaimUID": "u1", "DriverState": {"neuron.aws.com": {"Devices": []}}},
+            {"ClaimUID": "u2", "DriverState": {"gpu.example.com": {"Devices": []}}},
+        ],
+    }
+    text = json.dumps({"Data": json.dumps(data), "Checksum": 1})
+    assert realnodes.kubelet_prepared_claims(text) == {"u1"}
+
+
+def _pod(claim_ref: dict[str, Any], node: str = "n0", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "uid": "pu"},
+        "spec": {"nodeName": node, "resourceClaims": [{"name": "neuron", **claim_ref}]},
+        "status": {"phase": "Running", **status},
+    }
+
+
+def _nus_entry(wid: str, nodes: list[str], index: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "us0"},
+        "status": {
+            "allocations": [
+                {
+                    "workloadId": wid,
+                    "workloadRef": "default/w",
+                    "ultraserverIndex": index,
+                    "nodeCount": len(nodes),
+                    "allocatedNodes": nodes,
+                }
+            ]
+        },
+    }
+
+
+def test_a_containers_devices_and_env_are_what_its_claims_give() -> None:
+    plain = _claim("c", "u", [("n0", "neurondevice4"), ("n0", "neurondevice5")])
+    want = expected_container(_pod({"resourceClaimName": "c"}), {"c": plain}, [], 4)
+    assert want == ContainerExpectation(("/dev/neuron4", "/dev/neuron5"), "16-23", None)
+    exact = ContainerDevices({"NEURON_RT_VISIBLE_CORES": "16-23"}, ["/dev/neuron4", "/dev/neuron5"])
+    assert container_differences(want, exact) == []
+    # Another claim's device, another claim's cores, a rank a plain claim never has.
+    for seen in (
+        ContainerDevices({"NEURON_RT_VISIBLE_CORES": "16-23"}, ["/dev/neuron4", "/dev/neuron6"]),
+        ContainerDevices({"NEURON_RT_VISIBLE_CORES": "0-7"}, ["/dev/neuron4", "/dev/neuron5"]),
+        ContainerDevices(
+            {"NEURON_RT_VISIBLE_CORES": "16-23", "NEURON_GLOBAL_TOPOID": "0"},
+            ["/dev/neuron4", "/dev/neuron5"],
+        ),
+    ):
+        assert len(container_differences(want, seen)) == 1, seen
+
+
+def test_a_workload_containers_rank_comes_from_its_units_entry() -> None:
+    claim = _claim(
+        "w-rct-x",
+        "u",
+        [("n2", f"neurondevice{i}") for i in range(16)],
+        **{"neuron.aws.com/workload-id": "w-1"},
+    )
+    pod = _pod(
+        {"resourceClaimTemplateName": "w-rct"},
+        "n2",
+        resourceClaimStatuses=[{"name": "neuron", "resourceClaimName": "w-rct-x"}],
+    )
+    nus = [_nus_entry("w-1", ["n0", "n1", "n2", "n3"], 1)]
+    want = expected_container(pod, {"w-rct-x": claim}, nus, 4)
+    assert want is not None and want.rank == "6" and want.visible_cores == "0-63"
+    # Not yet known (no generated name) or the workload's entry gone: nothing to say.
+    assert expected_container(_pod({"resourceClaimTemplateName": "w-rct"}), {}, nus, 4) is None
+    assert expected_container(pod, {"w-rct-x": claim}, [], 4) is None
+
+
+def test_short_soak_on_simulated_nodes(tmp_path: Path) -> None:
+    """The default node side (simulated kubelets in the soak's process) still runs the soak:
+    a plugin and the leader killed, nothing lost."""
+    require_built(MINOR)
+    soak = Soak(
+        Options(
+            minutes=0.5,
+            seed=13,
+            nodes=4,
+            minor=MINOR,
+            workdir=tmp_path / "soak",
+            fault_interval=1000.0,
+            quiet=True,
+        )
+    )
+    soak.plan_faults = lambda: [  # type: ignore[method-assign]
+        Fault(5.0, PLUGIN, "trn2u-0-n2", 1.0),
+        Fault(10.0, LEADER, LEADER, 0.5),
+    ]
+    code = asyncio.run(soak.run())
+    report = soak.report(True)
+    assert code == 0, report["violations"]
+    assert report["faults"] == {PLUGIN: 1, LEADER: 1}, report["faults"]
+    assert report["operations"] and report["checks"] > 0, report
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
