@@ -30,7 +30,7 @@ from . import cgroups
 from .configs import CNI_BIN_DIR, RUNC
 from .images import BUSYBOX, ImageError, build_images
 from .layout import PRIVATE_DIRS, node_address, pod_subnet
-from .namespace import NodeError
+from .namespace import NodeError, kill_all
 from .node import NodeBinaries, NodeSpec, RealNode
 from .ports import PortLease, lease_port
 
@@ -113,8 +113,36 @@ def _cgroup_root(name: str) -> str:
     return f"{_ROOT_PREFIX}{os.getpid()}-{name}"
 
 
+def kill_orphaned_shims(shim: Path) -> list[int]:
+    """Kill the containerd shims (``shim``: our build's binary) that a killed run left: a
+    shim daemonizes, so no parent-death signal reaches it, and it outlives its node's
+    containerd on purpose (containers keep running through a containerd restart). A shim is
+    an orphan when every process left in its node's mount namespace is a shim: the
+    namespace's holder, containerd and the kubelet are gone. Returns the pids killed."""
+    by_ns: dict[str, list[tuple[int, bool]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.readlink(entry / "ns" / "mnt")
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode()
+        except OSError:
+            continue
+        by_ns.setdefault(ns, []).append((int(entry.name), argv0 == str(shim)))
+    orphans = [
+        pid
+        for procs in by_ns.values()
+        if all(is_shim for _, is_shim in procs)
+        for pid, _ in procs
+    ]
+    kill_all(orphans)
+    return orphans
+
+
 def remove_orphaned_roots() -> None:
-    """Remove the cgroup roots of real nodes whose owning process is gone (a killed run)."""
+    """Remove what real nodes of a killed run left: their shims and the cgroup roots whose
+    owning process is gone."""
+    kill_orphaned_shims(containerd_module().bin_dir / "containerd-shim-runc-v2")
     for h in cgroups.hierarchies()[:1]:
         for d in h.glob(f"{_ROOT_PREFIX}*"):
             match = re.match(rf"{_ROOT_PREFIX}(\d+)-", d.name)

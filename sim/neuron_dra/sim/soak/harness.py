@@ -80,6 +80,7 @@ class Soak:
             raise ValueError(f"--nodes must be a multiple of {TOPOLOGY_SIZE}")
         self.nodes: list[SimNode] = ultraservers(options.nodes // TOPOLOGY_SIZE)
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="ndra-soak-", dir="/tmp"))
+        self.workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a new directory
         self.nodes_dir = self._short_nodes_dir()
         self.cp: RealControlPlane | None = None
         self.kube: KubeClient | None = None  # churn + checker
