@@ -66,6 +66,24 @@ class ChartOnCluster:
             *(overrides or Overrides()).args(), *extra,
         )  # fmt: skip
 
+    def user_env(self) -> dict[str, str]:
+        """The environment of a user's shell on this cluster: kubectl and helm on PATH,
+        KUBECONFIG the admin's (helm's own configuration kept apart from the machine's)."""
+        path = f"{self.cp.bin_dir}:{self.helm.binary.parent}:{os.environ.get('PATH', '')}"
+        return {**self.helm.env, "PATH": path, "KUBECONFIG": str(self.cp.kubeconfig(ADMIN))}
+
+    def run_script(self, script: Path, *args: str, limit: float = 600) -> str:
+        """One of the scripts users run (examples/scripts/), as a user runs it; its output
+        (HelmError with its output when it fails)."""
+        proc = subprocess.run(
+            ["bash", str(script), *args], capture_output=True, text=True,
+            env=self.user_env(), timeout=limit, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise HelmError(f"{script.name} {' '.join(args)}: exit {proc.returncode}\n"
+                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")  # fmt: skip
+        return proc.stdout
+
     def upgrade(self, overrides: Overrides | None = None, *extra: str) -> str:
         return self._helm(
             "upgrade", RELEASE, str(CHART), "--namespace", NS,

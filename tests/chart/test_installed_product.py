@@ -1,9 +1,12 @@
 """The product as users install it, on real nodes: the image built from the Dockerfile
 (``hack/build-image --local``: buildah, a base made from Debian's packages) is imported into
-every node's containerd, ``helm install`` of the chart with emulation values runs the plugin
+every node's containerd, the install script users run (``helm upgrade --install`` of the chart
+with emulation values; examples/scripts/install-dra-driver.sh) runs the plugin
 DaemonSet and the controller Deployment as pods started by the real kubelets, with the
-chart's default host paths and security contexts, on the pod network; then the seed's
-UltraServer workload runs end to end, as on EKS (docs/testing.md, "The installed product").
+chart's default host paths and security contexts, on the pod network; then the smoke test
+users run after an install (examples/scripts/smoke-test.sh, also hack/kind-e2e.sh's check)
+passes and the seed's UltraServer workload runs end to end, as on EKS (docs/testing.md, "The
+installed product").
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import pytest
 import yaml
 from e2e.operator import NAME, RCT, deployment, seed_workload
 from neuron_dra.sim.kubebuild import newest_minor
+from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.realcluster import RealControlPlane
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
+from neuron_dra.sim.realnode.images import ALIASES
 from neuron_dra.sim.realnode.podspec import for_real_nodes
 from neuron_dra.sim.worlds import require_real_nodes
 
@@ -31,12 +36,17 @@ from .conftest import Helm, Overrides
 from .realchart import NS, RELEASE, ChartOnCluster, control_plane, minor_params, require_image
 
 INSTANCE_TYPE = "trn2u.48xlarge"
+SCRIPTS = repo_root() / "examples" / "scripts"
+INSTALL = SCRIPTS / "install-dra-driver.sh"
+SMOKE = SCRIPTS / "smoke-test.sh"
 #: One UltraServer and one node of a second: the plugin derives the UltraServer from the
 #: node name (trn2u-<n>: node n % 4 of UltraServer trn2u-<n // 4>), as emulation does on any
 #: cluster. The fifth node's devices stay free for one-device claims while a workload holds
 #: the whole first UltraServer.
 NODES = [f"trn2u-{i}" for i in range(5)]
 ULTRASERVER = NODES[:4]
+#: A public image name the nodes serve from their own store (not ``latest``: pulled Always).
+SMOKE_IMAGE = next(a for a in ALIASES if not a.endswith(":latest"))
 #: values.yaml: --leader-elect takes a Lease of this name in the release namespace.
 LEASE = "neuron-dra-controller"
 
@@ -104,17 +114,13 @@ def installed(request: pytest.FixtureRequest, helm: Helm) -> Iterator[Installed]
         try:
             fleet.start([(n, {"node.kubernetes.io/instance-type": INSTANCE_TYPE}) for n in NODES])
             chart = ChartOnCluster(helm, cp)
-            repository, _, tag = image.rpartition(":")
-            chart.install(
-                Overrides.of(
-                    f"image.repository={repository}",
-                    f"image.tag={tag}",
-                    # Nothing is pulled: the image is the one each node imported.
-                    "image.pullPolicy=Never",
-                    "kubeletPlugin.emulation.enabled=true",
-                    f"kubeletPlugin.emulation.instanceType={INSTANCE_TYPE}",
-                )
-            )
+            # As users install it (and hack/kind-e2e.sh does): the install script, which
+            # checks the cluster, applies the CRDs, labels the namespace and waits for the
+            # pods. Nothing is pulled: the image is the one each node imported.
+            chart.run_script(
+                INSTALL, "--yes", "--emulation", INSTANCE_TYPE, "--timeout", "4m",
+                "--set", "image.pullPolicy=Never", image,
+            )  # fmt: skip
             yield Installed(cp, chart, image, fleet)
         finally:
             fleet.stop()
@@ -195,6 +201,13 @@ def test_the_image_runs_as_the_chart_says(installed: Installed, component: str, 
     assert lines[1] == "0000000000000000", "no capabilities (the chart drops ALL)"
     assert lines[2] == "root read-only"
     assert lines[3] == "no sim", "the simulation is never in the product image"
+
+
+def test_the_smoke_test_passes_on_the_installed_product(installed: Installed) -> None:
+    """What a user runs after the install (and hack/kind-e2e.sh runs on kind): a pod with
+    four connected devices gets them and its claim is unprepared when it goes."""
+    out = installed.chart.run_script(SMOKE, "--image", SMOKE_IMAGE, "--timeout", "120")
+    assert "NEURON_RT_VISIBLE_CORES=" in out and out.rstrip().endswith("PASSED"), out
 
 
 def test_the_seed_workload_runs_on_the_installed_product(installed: Installed) -> None:
