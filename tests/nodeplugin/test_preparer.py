@@ -325,6 +325,52 @@ async def test_second_claim_on_a_prepared_device_fails_naming_the_first(env: Env
     ok((await p.prepare([second]))[second.uid])
 
 
+@pytest.mark.parametrize("how", ["deleted", "recreated", "deallocated"])
+async def test_a_holder_that_gave_its_devices_back_is_released_for_the_new_claim(
+    env: Env, how: str
+) -> None:
+    """The scheduler gave the device to a new claim before the kubelet unprepared the old
+    one (it does so when it cleans the old pod up): the old claim, deleted, recreated under
+    its name or deallocated in the API, is released instead of refusing the new claim."""
+    first = env.claim("first", ["neurondevice3"])
+    p = env.preparer()
+    ok((await p.prepare([first]))[first.uid])
+    if how == "deallocated":
+        claim = env.api.get("resource.k8s.io/v1", "ResourceClaim", "first", "default")
+        claim["status"] = {}
+        env.api.update_status(claim)
+    else:
+        env.api.delete("resource.k8s.io/v1", "ResourceClaim", "first", "default")
+        if how == "recreated":
+            env.claim("first", ["neurondevice3"])
+    second = env.claim("second", ["neurondevice3"])
+    (device,) = ok((await p.prepare([second]))[second.uid])
+    assert device.device_name == "neurondevice3"
+    assert set(p.checkpoint.claims) == {second.uid}
+    assert ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims.keys() == {second.uid}
+    assert not env.spec_path(first.uid).exists() and env.spec_path(second.uid).exists()
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "DeviceInUse"}) == 0
+    # The kubelet's Unprepare of the old claim comes later: nothing left to do, and the new
+    # claim keeps its device and spec.
+    assert (await p.unprepare([first]))[first.uid].error == ""
+    assert set(p.checkpoint.claims) == {second.uid} and env.spec_path(second.uid).exists()
+
+
+async def test_a_holder_that_cannot_be_read_still_holds(env: Env) -> None:
+    first = env.claim("first", ["neurondevice3"])
+    p = env.preparer(limits=PrepareLimits(budget=30.0, attempts=1, backoff_base=0.1))
+    ok((await p.prepare([first]))[first.uid])
+    # Deleted (released, were it read), but its read fails (the new claim's reads fine).
+    env.api.delete("resource.k8s.io/v1", "ResourceClaim", "first", "default")
+    second = env.claim("second", ["neurondevice3"])
+    env.api.faults.fail_next(
+        5, 503, verb="get", resource="resourceclaims", predicate=lambda r: r.name == "first"
+    )
+    result = (await p.prepare([second]))[second.uid]
+    assert "already prepared for ResourceClaim default/first" in result.error
+    assert set(p.checkpoint.claims) == {first.uid} and env.spec_path(first.uid).exists()
+
+
 async def test_node_device_conflicts_with_single_devices(env: Env) -> None:
     env.published = published_for(env.inventory, with_node_device=True)
     whole = env.claim("whole", ["neuronnode"])

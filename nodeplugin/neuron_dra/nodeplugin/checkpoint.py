@@ -145,6 +145,16 @@ def find_conflict(
     return None
 
 
+def holders(checkpoint: Checkpoint, uid: str, indices: Iterable[int]) -> list[ClaimEntry]:
+    """Every claim other than ``uid`` that holds one of ``indices``."""
+    wanted = set(indices)
+    return [
+        e
+        for e in checkpoint.claims.values()
+        if e.uid != uid and wanted.intersection(e.device_indices)
+    ]
+
+
 # --- encoding (pure) -----------------------------------------------------------------------
 
 

@@ -128,6 +128,24 @@ def conflict(
     )
 
 
+def holder_released(entry: ckpt.ClaimEntry, claim: Mapping[str, Any] | None) -> bool:
+    """Whether the prepared claim ``entry``, as the API server has it now (``claim``; None:
+    gone), gave its devices back: deleted, recreated under its name, or deallocated.
+
+    Then the scheduler may already have given its devices to another claim while the
+    kubelet has not called Unprepare for it yet (it does so when it cleans the old pod up,
+    which can come seconds after the new pod's Prepare). Its containers have all stopped:
+    a claim is deallocated only once no pod that may run holds it (the resourceclaim
+    controller's rule: the pod is gone from the API or terminal). So its devices can be
+    released for the new claim instead of refusing it until that Unprepare comes.
+    """
+    if claim is None:
+        return True
+    if str((claim.get("metadata") or {}).get("uid") or "") != entry.uid:
+        return True
+    return not (claim.get("status") or {}).get("allocation")
+
+
 def answer(entry: ckpt.ClaimEntry) -> PrepareResult:
     """The kubelet's answer for a prepared claim: the same for every repeat."""
     return PrepareResult(

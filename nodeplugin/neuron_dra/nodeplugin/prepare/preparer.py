@@ -31,9 +31,14 @@ update, under the node lock (:mod:`.nodestate`). A Prepare batch has three steps
    call, from the checkpoint as it is now. Under the node lock; skipped when one read of the
    file (saves replace it atomically) shows the version we know and none of the claims in it;
 2. (no lock) to read and plan the other claims: API calls may take the whole budget, and
-   holding the lock through them would stall every call of the other instance;
+   holding the lock through them would stall every call of the other instance; and, where
+   a claim's devices are still held by a claim prepared here, to read that holder too: one
+   the API server shows deleted or deallocated is *released* in step 3
+   (:func:`.decide.holder_released`) instead of refusing the new claim until the kubelet's
+   Unprepare of the old one comes;
 3. to check conflicts, write the CDI specs and record the entries, for the whole batch at
-   once: one short hold of local file work, one checkpoint write.
+   once (released holders' specs removed, their entries dropped in the same write): one
+   short hold of local file work, one checkpoint write.
 
 Waiting for the node lock is bounded by ``PrepareLimits.lock_timeout``; if it passes, each
 claim gets a retryable error and the kubelet calls again.
@@ -258,10 +263,13 @@ class Preparer:
                 else:
                     outcomes[ref.uid] = item
             ready = await self._with_specs(read, deadline, outcomes) if read else []
+            released = await self._released_holders(ready, deadline) if ready else frozenset()
             # 3. Node lock: conflict checks, CDI spec writes and checkpoint entries.
             if ready:
                 outcomes.update(
-                    await state.exclusive(lambda: self._prepare_planned(ready), within=lock_timeout)
+                    await state.exclusive(
+                        lambda: self._prepare_planned(ready, released), within=lock_timeout
+                    )
                 )
         except (NodeLockTimeout, OSError) as exc:
             # The node's state cannot be consulted now: every claim not settled yet gets a
@@ -426,10 +434,39 @@ class Preparer:
                 event=True,
             ) from None
 
+    async def _released_holders(
+        self, ready: Sequence[tuple[ClaimRef, _Specced]], deadline: float
+    ) -> frozenset[str]:
+        """The claims prepared here that hold devices of the batch's claims and that the API
+        server shows as having given them back (:func:`.decide.holder_released`). A holder
+        that cannot be read now counts as holding: the refusal is retryable."""
+        checkpoint = self._state.checkpoint
+        found = {
+            e.uid: e
+            for ref, item in ready
+            for e in ckpt.holders(checkpoint, ref.uid, item.plan.device_indices)
+        }
+        if not found:
+            return frozenset()
+
+        async def released(entry: ckpt.ClaimEntry) -> bool:
+            try:
+                claim = await read_object(
+                    self._kube.resource(RESOURCE_CLAIMS), "ResourceClaim", entry.name,
+                    entry.namespace, deadline=deadline, limits=self._limits,
+                    clock=self._clock, rng=self._rng, missing_ok=True,
+                )  # fmt: skip
+            except PrepareFailure:
+                return False
+            return decide.holder_released(entry, claim)
+
+        verdicts = await asyncio.gather(*(released(e) for e in found.values()))
+        return frozenset(uid for uid, yes in zip(found, verdicts, strict=True) if yes)
+
     # step 3
 
     async def _prepare_planned(
-        self, ready: Sequence[tuple[ClaimRef, _Specced]]
+        self, ready: Sequence[tuple[ClaimRef, _Specced]], released: frozenset[str] = frozenset()
     ) -> dict[str, _Outcome]:
         """Step 3 (node lock held, checkpoint fresh): decide every claim of the batch against
         the checkpoint and the claims accepted before it in the batch (batch order wins a
@@ -441,7 +478,8 @@ class Preparer:
         """
         outcomes: dict[str, _Outcome] = {}
         current = self._state.checkpoint
-        pending = current  # plus the entries accepted so far (conflict checks)
+        # Minus the released holders, plus the entries accepted so far (conflict checks).
+        pending = current.without_claims(released)
         accepted: list[ckpt.ClaimEntry] = []
         for ref, item in ready:
             if ref.uid in outcomes or any(e.uid == ref.uid for e in accepted):
@@ -469,7 +507,7 @@ class Preparer:
         if not accepted:
             return outcomes
         failures = await self._state.commit(
-            lambda checkpoint: self._write_prepared(checkpoint, accepted)
+            lambda checkpoint: self._write_prepared(checkpoint, accepted, released)
         )
         now = self._clock.now()
         for entry in accepted:
@@ -487,7 +525,10 @@ class Preparer:
         return outcomes
 
     def _write_prepared(
-        self, current: ckpt.Checkpoint, entries: Sequence[ckpt.ClaimEntry]
+        self,
+        current: ckpt.Checkpoint,
+        entries: Sequence[ckpt.ClaimEntry],
+        released: frozenset[str] = frozenset(),
     ) -> tuple[ckpt.Checkpoint, bytes | None, dict[str, PrepareFailure]]:
         """In a worker thread: write the CDI specs of ``entries``, then record the claims
         whose spec is written in one checkpoint save (group commit). A claim whose spec
@@ -499,6 +540,23 @@ class Preparer:
         """
         failures: dict[str, PrepareFailure] = {}
         new = current
+        for uid in sorted(released & current.claims.keys()):
+            # As Unprepare does it: spec first, entry second (in the save below). A spec
+            # that cannot be removed keeps its entry, and the claims wanting its devices
+            # are refused (retryably) by the check that follows.
+            old = current.claims[uid]
+            try:
+                remove_cdi_spec(self._cdi_root, uid, cdi_kind=self._cdi_kind)
+            except OSError as exc:
+                log.warning("cannot release ResourceClaim %s (uid %s): %s", old.key, uid, exc)
+                continue
+            new = new.without_claim(uid)
+            log.info(
+                "released ResourceClaim %s (uid %s): deallocated or deleted, its devices "
+                "allocated again before the kubelet unprepared it",
+                old.key,
+                uid,
+            )
         for entry in entries:
             # Checked again at commit time: the checkpoint is the one place where two claims
             # must never both land, whatever the checks before decided.
