@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -81,7 +82,6 @@ class Soak:
         self.nodes: list[SimNode] = ultraservers(options.nodes // TOPOLOGY_SIZE)
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="ndra-soak-", dir="/tmp"))
         self.workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a new directory
-        self.nodes_dir = self._short_nodes_dir()
         self.cp: RealControlPlane | None = None
         self.kube: KubeClient | None = None  # churn + checker
         self.kubelet_kube: KubeClient | None = None
@@ -143,8 +143,10 @@ class Soak:
 
     # --- paths ---------------------------------------------------------------------------
 
-    def _short_nodes_dir(self) -> Path:
-        """Where the nodes' kubelet directories live. A plugin's socket path
+    @functools.cached_property
+    def nodes_dir(self) -> Path:
+        """Where the nodes' kubelet directories live (made at first use: a Soak that never
+        starts, as the checks' tests make, leaves nothing behind). A plugin's socket path
         (``<dir>/<node>/plugins/neuron.aws.com/dra.sock``) must fit the 107 bytes of a Unix
         socket address, so a long work directory (pytest's) gets its nodes in a short
         directory under /tmp, linked from ``<workdir>/nodes`` so a kept work directory still
