@@ -33,6 +33,7 @@ from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareRe
 from neuron_dra.nodeplugin.nodelock import NodeLock, NodeLockTimeout
 from neuron_dra.nodeplugin.prepare.budget import PrepareLimits
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
+from neuron_dra.nodeplugin.reservations import ReservationError
 from neuron_dra.nodeplugin.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
@@ -596,6 +597,45 @@ async def test_operator_topology_reaches_the_spec(env: Env) -> None:
     spec_env = env_of(json.loads(env.spec_path(ref.uid).read_text()))
     assert spec_env["NEURON_GLOBAL_TOPOID"] == "0"
     assert spec_env["NEURON_GLOBAL_TOPOID0_HOST"] == "10.0.0.1"
+
+
+async def test_a_workload_record_not_complete_yet_is_retried_not_refused(env: Env) -> None:
+    """The controller has not recorded the workload's leader yet: the claim fails with a
+    retryable error that says to wait, and the kubelet's next try prepares it; a stale
+    workload tag stays a permanent refusal."""
+    ref = env.claim("c", ["neurondevice0"])
+    peers = UltraServerPeers(
+        ultraserver_index=0, topology_size=1, node_index=0, leader_host="10.0.0.1"
+    )
+    answers: list[UltraServerPeers | Exception] = [
+        ReservationError("the leader node of workload w-1 is unknown", retryable=True),
+        peers,
+    ]
+
+    def topology(plan: Any) -> UltraServerPeers:
+        answer = answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    p = env.preparer(topology=topology)
+    error = (await p.prepare([ref]))[ref.uid].error
+    assert "is unknown" in error and error.endswith("prepares the claim: wait"), error
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "ReservationIncomplete"}) == 1
+    assert not env.spec_path(ref.uid).exists()
+    (warning,) = [e for e in env.events() if e["regarding"]["name"] == "c"]
+    assert warning["type"] == "Warning" and warning["note"].endswith(": wait")
+    answers.pop(0)  # the controller completed the record
+    ok((await p.prepare([ref]))[ref.uid])
+    assert env_of(json.loads(env.spec_path(ref.uid).read_text()))["NEURON_GLOBAL_TOPOID"] == "0"
+
+    stale = env.claim("stale", ["neurondevice1"])
+    answers.insert(0, ReservationError("devices' workloadId tag is stale", retryable=False))
+    error = (await p.prepare([stale]))[stale.uid].error
+    assert (
+        "stale" in error
+        and metric(p, "neuron_dra_prepare_errors_total", {"reason": "StaleReservation"}) == 1
+    )
 
 
 # --- API server trouble ----------------------------------------------------------------------

@@ -30,7 +30,7 @@ from neuron_dra.common.constants import (
 from neuron_dra.common.k8s.client import KubeClient, object_key
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.ultraserver import Reservation, workload_id
-from neuron_dra.nodeplugin.cdi import CdiError, UltraServerPeers, spec_file_name
+from neuron_dra.nodeplugin.cdi import UltraServerPeers, spec_file_name
 from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
@@ -41,6 +41,7 @@ from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.reservations import (
     LookupPolicy,
     NodeEntry,
+    ReservationError,
     ReservationWatcher,
     choose_reservation,
     node_address,
@@ -348,7 +349,7 @@ async def test_topology_for_the_reserved_workload_only(env: Env) -> None:
     assert peers.global_topo_id == 7
     # Devices tagged for a workload with no entry naming this node (a stale tag, after a
     # release or a move): refused, never prepared without a rank.
-    with pytest.raises(CdiError, match=f"holds no reservation for workload {OTHER_WID}"):
+    with pytest.raises(ReservationError, match=f"holds no reservation for workload {OTHER_WID}"):
         w.topology(plan(OTHER_WID))
     assert w.topology(plan(None)) is None
     assert env.clock.sleeps == []
@@ -379,7 +380,7 @@ async def test_leader_lookup_falls_back_to_the_node_name(env: Env) -> None:
     # container without its rank-0 host.
     obj = env.nus("us-a", entry([NODE], leader=None, index=1))
     await seen(w, obj)
-    with pytest.raises(CdiError, match=f"leader node of workload {WID} is unknown"):
+    with pytest.raises(ReservationError, match=f"leader node of workload {WID} is unknown"):
         w.topology(plan(WID))
 
 

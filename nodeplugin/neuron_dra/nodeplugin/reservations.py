@@ -47,7 +47,7 @@ from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.errors import KubeError, NotFoundError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.ultraserver import Reservation, node_reservations
-from neuron_dra.nodeplugin.cdi import CdiError, UltraServerPeers
+from neuron_dra.nodeplugin.cdi import UltraServerPeers
 from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.slices import WHOLE_NODE
 from prometheus_client import CollectorRegistry, Gauge
@@ -61,6 +61,16 @@ PHASE_RELEASING: Final = "Releasing"
 #: Node address types in the order we prefer them for NEURON_GLOBAL_TOPOID0_HOST: a name that
 #: stays valid if the interface's address is re-assigned, then the raw address.
 ADDRESS_PREFERENCE: Final = ("InternalDNS", "Hostname", "InternalIP")
+
+
+class ReservationError(RuntimeError):
+    """This node's part in a claim's workload cannot be told. ``retryable``: the controller
+    has not completed the record yet, and a later Prepare succeeds once it has; otherwise
+    the devices' workload tag is stale and the claim must move (the controller moves it)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 # --- pure decisions ----------------------------------------------------------------------------
@@ -277,8 +287,9 @@ class ReservationWatcher:
     def topology(self, plan: ClaimPlan) -> UltraServerPeers | None:
         """For ``Preparer(topology=...)``: this node's place in the claim's workload.
 
-        None for a claim whose devices carry no workload tag; ``CdiError`` when they do but
-        no entry of that workload names this node (a stale tag). Every entry is considered,
+        None for a claim whose devices carry no workload tag; :class:`ReservationError` when
+        they do but no entry of that workload names this node (a stale tag: permanent) or
+        the entry's leader is not known yet (retryable). Every entry is considered,
         not only the one in effect: the facts of an entry are right for its own workload, and
         which claims may use the devices is decided by the published tags (claims.py).
         """
@@ -293,18 +304,20 @@ class ReservationWatcher:
             # but no entry names this node for it any more: released or moved (RestartAll,
             # ReplaceAffected). Starting the container without its rank would hang the job's
             # collectives; refuse, and let the controller move the claim.
-            raise CdiError(
-                f"claim {plan.key}: node {self.node_name} holds no reservation for workload "
-                f"{plan.workload_id} (released or moved); its devices' workloadId tag is stale"
+            raise ReservationError(
+                f"node {self.node_name} holds no reservation for workload "
+                f"{plan.workload_id} (released or moved); its devices' workloadId tag is stale",
+                retryable=False,
             )
         leader = match.leader_node_name or workload_leader(self.store.list(), match.workload_id)
         if leader is None:
-            # Raised as CdiError so the Preparer reports it on the claim; the kubelet retries,
-            # and the next try succeeds once the controller has completed the record.
-            raise CdiError(
-                f"claim {plan.key}: the leader node of workload {match.workload_id} is unknown "
+            # The controller writes the entries unit by unit: until unit 0's is there, the
+            # rank-0 host is not known. Retryable: the kubelet's next try finds it.
+            raise ReservationError(
+                f"the leader node of workload {match.workload_id} is unknown "
                 f"(NeuronUltraServer {match.ultraserver} has no leaderNodeName and no unit 0 of "
-                "the workload is recorded)"
+                "the workload is recorded yet)",
+                retryable=True,
             )
         return UltraServerPeers(
             ultraserver_index=match.unit_index,

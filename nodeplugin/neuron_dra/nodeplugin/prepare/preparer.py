@@ -89,6 +89,7 @@ from neuron_dra.nodeplugin.prepare.budget import (
 )
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 from neuron_dra.nodeplugin.prepare.unprepare import unprepare
+from neuron_dra.nodeplugin.reservations import ReservationError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
@@ -350,7 +351,18 @@ class Preparer:
         out: list[tuple[ClaimRef, _Specced]] = []
         namespaces = dict.fromkeys(item.plan.namespace for _, item in read)
         for ns in namespaces:
-            items = [(ref, item) for ref, item in read if item.plan.namespace == ns]
+            items = []
+            for ref, item in read:
+                if item.plan.namespace != ns:
+                    continue
+                # The workload's record first: refused (retryably, while the controller
+                # completes it) before any environment is computed from it.
+                try:
+                    self._peers(item.plan)
+                except PrepareFailure as exc:
+                    outcomes[ref.uid] = _Outcome(exc, self._clock.now())
+                    continue
+                items.append((ref, item))
             plans = [item.plan for _, item in items]
             batch = {p.claim_uid for p in plans}
             entries = [
@@ -405,6 +417,27 @@ class Preparer:
             if pod is not None and (pod.get("metadata") or {}).get("uid") == uid
         ]
 
+    def _peers(self, plan: ClaimPlan) -> UltraServerPeers | None:
+        """This node's place in the claim's workload (the topology provider's answer); a
+        refusal as the kubelet and the user should see it."""
+        try:
+            return self._topology(plan)
+        except ReservationError as exc:
+            if exc.retryable:
+                raise PrepareFailure(
+                    f"ResourceClaim {plan.key}: {exc}; the controller completes the record "
+                    "shortly and the kubelet's next try prepares the claim: wait",
+                    reason="ReservationIncomplete",
+                    permanent=False,
+                    event=True,
+                ) from None
+            raise PrepareFailure(
+                f"ResourceClaim {plan.key}: {exc}; the controller moves the claim",
+                reason="StaleReservation",
+                permanent=True,
+                event=True,
+            ) from None
+
     def _env_of(self, plan: ClaimPlan, indices: tuple[int, ...]) -> Mapping[str, str]:
         try:
             return claim_env(
@@ -412,7 +445,7 @@ class Preparer:
                 self._inventory(),
                 topology=self._topology(plan),
             )
-        except CdiError as exc:
+        except (CdiError, ReservationError) as exc:
             raise ValueError(str(exc)) from None
 
     def _spec(self, plan: ClaimPlan, env_indices: Sequence[int]) -> dict[str, Any]:
@@ -421,12 +454,11 @@ class Preparer:
                 plan,
                 self._inventory(),
                 cdi_kind=self._cdi_kind,
-                topology=self._topology(plan),
+                topology=self._peers(plan),
                 env_indices=None if tuple(env_indices) == plan.device_indices else env_indices,
             )
         except CdiError as exc:
-            # plan_claim should have refused whatever cannot be expressed (and the topology
-            # provider raises CdiError for a reservation it cannot place); say so plainly.
+            # plan_claim should have refused whatever cannot be expressed; say so plainly.
             raise PrepareFailure(
                 f"ResourceClaim {plan.key}: cannot build its CDI spec: {exc}",
                 reason="InvalidClaim",
