@@ -47,7 +47,6 @@ claim gets a retryable error and the kubelet calls again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -79,7 +78,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     UnprepareResult,
 )
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
-from neuron_dra.nodeplugin.prepare import containers, decide
+from neuron_dra.nodeplugin.prepare import containers, decide, holders, record
 from neuron_dra.nodeplugin.prepare.budget import (
     PrepareFailure,
     PrepareLimits,
@@ -87,10 +86,11 @@ from neuron_dra.nodeplugin.prepare.budget import (
     read_object,
     state_failure,
 )
+from neuron_dra.nodeplugin.prepare.metrics import PreparerMetrics
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 from neuron_dra.nodeplugin.prepare.unprepare import unprepare
 from neuron_dra.nodeplugin.reservations import ReservationError
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -99,28 +99,6 @@ PublishedProvider = Callable[[], Mapping[str, Mapping[str, Any]]]
 TopologyProvider = Callable[[ClaimPlan], UltraServerPeers | None]
 
 REASON_PREPARE_FAILED: Final = "PrepareFailed"
-
-
-class PreparerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.prepare_seconds = Histogram(
-            "neuron_dra_prepare_seconds",
-            "Time to prepare one claim (including reading it from the API server).",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 45),
-            registry=self.registry,
-        )
-        self.prepare_errors = Counter(
-            "neuron_dra_prepare_errors_total",
-            "Claims whose preparation failed, by reason.",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.prepared_claims = Gauge(
-            "neuron_dra_prepared_claims",
-            "Claims currently prepared on this node (checkpoint entries).",
-            registry=self.registry,
-        )
 
 
 def _no_topology(plan: ClaimPlan) -> UltraServerPeers | None:
@@ -469,31 +447,16 @@ class Preparer:
     async def _released_holders(
         self, ready: Sequence[tuple[ClaimRef, _Specced]], deadline: float
     ) -> frozenset[str]:
-        """The claims prepared here that hold devices of the batch's claims and that the API
-        server shows as having given them back (:func:`.decide.holder_released`). A holder
-        that cannot be read now counts as holding: the refusal is retryable."""
-        checkpoint = self._state.checkpoint
-        found = {
-            e.uid: e
-            for ref, item in ready
-            for e in ckpt.holders(checkpoint, ref.uid, item.plan.device_indices)
-        }
-        if not found:
-            return frozenset()
-
-        async def released(entry: ckpt.ClaimEntry) -> bool:
-            try:
-                claim = await read_object(
-                    self._kube.resource(RESOURCE_CLAIMS), "ResourceClaim", entry.name,
-                    entry.namespace, deadline=deadline, limits=self._limits,
-                    clock=self._clock, rng=self._rng, missing_ok=True,
-                )  # fmt: skip
-            except PrepareFailure:
-                return False
-            return decide.holder_released(entry, claim)
-
-        verdicts = await asyncio.gather(*(released(e) for e in found.values()))
-        return frozenset(uid for uid, yes in zip(found, verdicts, strict=True) if yes)
+        wanted = [(ref.uid, item.plan.device_indices) for ref, item in ready]
+        return await holders.released_holders(
+            self._state.checkpoint,
+            wanted,
+            lambda entry: read_object(
+                self._kube.resource(RESOURCE_CLAIMS), "ResourceClaim", entry.name,
+                entry.namespace, deadline=deadline, limits=self._limits,
+                clock=self._clock, rng=self._rng, missing_ok=True,
+            ),
+        )  # fmt: skip
 
     # step 3
 
@@ -562,68 +525,14 @@ class Preparer:
         entries: Sequence[ckpt.ClaimEntry],
         released: frozenset[str] = frozenset(),
     ) -> tuple[ckpt.Checkpoint, bytes | None, dict[str, PrepareFailure]]:
-        """In a worker thread: write the CDI specs of ``entries``, then record the claims
-        whose spec is written in one checkpoint save (group commit). A claim whose spec
-        cannot be written fails alone. If the save fails, none of them is prepared: each gets
-        the error and the specs written here are taken back (no orphans).
-
-        Spec first, entries second: a crash in between leaves orphan specs that the
-        start-up sweep deletes, never an entry whose spec was never written.
-        """
-        failures: dict[str, PrepareFailure] = {}
-        new = current
-        for uid in sorted(released & current.claims.keys()):
-            # As Unprepare does it: spec first, entry second (in the save below). A spec
-            # that cannot be removed keeps its entry, and the claims wanting its devices
-            # are refused (retryably) by the check that follows.
-            old = current.claims[uid]
-            try:
-                remove_cdi_spec(self._cdi_root, uid, cdi_kind=self._cdi_kind)
-            except OSError as exc:
-                log.warning("cannot release ResourceClaim %s (uid %s): %s", old.key, uid, exc)
-                continue
-            new = new.without_claim(uid)
-            log.info(
-                "released ResourceClaim %s (uid %s): deallocated or deleted, its devices "
-                "allocated again before the kubelet unprepared it",
-                old.key,
-                uid,
-            )
-        for entry in entries:
-            # Checked again at commit time: the checkpoint is the one place where two claims
-            # must never both land, whatever the checks before decided.
-            refused = decide.conflict(new, entry.uid, entry.device_indices)
-            if refused is not None:
-                failures[entry.uid] = refused
-                continue
-            try:
-                self._write_spec(entry.cdi_spec, entry.uid)
-            except OSError as exc:
-                failures[entry.uid] = PrepareFailure(
-                    f"cannot write CDI spec for ResourceClaim {entry.key}: {exc}",
-                    reason="CDIWriteFailed",
-                    permanent=False,
-                    event=True,
-                )
-                continue
-            new = new.with_claim(entry)
-        if new is current:
-            return current, None, failures
-        try:
-            raw = ckpt.save(self._ckpt_path, new)
-        except OSError as exc:
-            # Not recorded means not prepared: take the specs back so no orphan is left.
-            for entry in entries:
-                if entry.uid not in failures:
-                    with contextlib.suppress(OSError):
-                        remove_cdi_spec(self._cdi_root, entry.uid, cdi_kind=self._cdi_kind)
-                    failures[entry.uid] = PrepareFailure(
-                        f"cannot record ResourceClaim {entry.key} in the checkpoint: {exc}",
-                        reason="CheckpointWriteFailed",
-                        permanent=False,
-                    )
-            return current, None, failures
-        return new, raw, failures
+        return record.write_prepared(
+            current,
+            entries,
+            released,
+            checkpoint_path=self._ckpt_path,
+            write_spec=self._write_spec,
+            remove_spec=lambda uid: remove_cdi_spec(self._cdi_root, uid, cdi_kind=self._cdi_kind),
+        )
 
     def _write_spec(self, spec: Mapping[str, Any], uid: str) -> None:
         write_cdi_spec(self._cdi_root, spec, uid, cdi_kind=self._cdi_kind)
