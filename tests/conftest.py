@@ -34,7 +34,7 @@ _REAL_CASES = (
 
 
 def starts_real_nodes(nodeid: str) -> bool:
-    """Whether the test of ``nodeid`` (``tests/x.py::test[id]``) starts real nodes."""
+    """Whether the test of ``nodeid`` (``tests/<module>.py::test[id]``) starts real nodes."""
     path, _, rest = nodeid.partition("::")
     if path.startswith(_ALWAYS):
         return True

@@ -1,4 +1,4 @@
-"""Instance-type profiles and the connected-set rules (DESIGN §3.3)."""
+"""Instance-type profiles and the connected-set rules (README, "Connected devices")."""
 
 from __future__ import annotations
 

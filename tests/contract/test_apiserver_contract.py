@@ -254,7 +254,7 @@ async def test_slice_selectors(api: k8s.ApiClient, ns: str) -> None:
 
 
 async def test_slice_all_nodes_false_is_invalid(api: k8s.ApiClient, ns: str) -> None:
-    # allNodes must be unset or true; a JSON false is rejected (kubelet-dra.md §5.2).
+    # allNodes must be unset or true; a JSON false is rejected by the API server.
     # The raw call keeps the false on the wire: the typed model would drop it.
     bad = slice_for(f"{ns}-node-x", allNodes=False)
     resp = await api.call_api(

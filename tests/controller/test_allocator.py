@@ -1,4 +1,4 @@
-"""Allocation decisions (DESIGN §3.7): units, best fit, FIFO, all-or-nothing, replacement."""
+"""Allocation decisions: units, best fit, FIFO, all-or-nothing, replacement."""
 
 from __future__ import annotations
 

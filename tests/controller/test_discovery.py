@@ -718,7 +718,7 @@ async def test_concurrent_allocation_write_is_kept(h: Harness) -> None:
 async def test_ultraserver_id_that_is_not_a_dns_name(h: Harness) -> None:
     raw = "CB_Upper/1"
     for i in range(4):
-        # No election result: the id comes from the capacity block label (DESIGN §3.6).
+        # No election result: the id comes from the capacity block label.
         h.add_node(f"cb-node-{i}", None, i, labels={LABEL_CAPACITY_BLOCK_ID: raw})
     await h.reconcile(raw)
     nus = h.nus(raw)

@@ -1,4 +1,4 @@
-"""seeds/000 end to end: the controller process and the node side of 16 emulated nodes.
+"""Seed 000 end to end: the controller process and the node side of 16 emulated nodes.
 
 Four trn2u.48xlarge UltraServers (4 nodes each) publish their slices through the real
 ``SlicePublisher`` and follow their reservations through the real ``ReservationWatcher``

@@ -1,4 +1,4 @@
-"""The generated ResourceClaimTemplate (DESIGN §3.7)."""
+"""The generated ResourceClaimTemplate (docs/architecture.md, "UltraServer allocation")."""
 
 from __future__ import annotations
 

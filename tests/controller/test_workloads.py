@@ -1,4 +1,4 @@
-"""WorkloadReconciler against the fake API server (DESIGN §3.7).
+"""WorkloadReconciler against the fake API server (docs/architecture.md, "UltraServer allocation").
 
 Real objects all the way: Nodes, ResourceSlices built by the node plugin's own slice builder
 for emulated trn2u.48xlarge nodes, NeuronUltraServers, workloads, claims and pods live in the

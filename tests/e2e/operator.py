@@ -1,5 +1,5 @@
-"""The seeds/000 (UltraServer Operator) workload and Deployment as tests apply them, and what
-the tests read of them (state, ranks), shared by the e2e packages."""
+"""The workload and Deployment of seed 000 (the UltraServer Operator guide) as tests apply them,
+and what the tests read of them (state, ranks), shared by the e2e packages."""
 
 from __future__ import annotations
 

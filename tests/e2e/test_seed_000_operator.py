@@ -1,4 +1,4 @@
-"""seeds/000 (UltraServer Operator) end to end: the workload as written in the seed, the
+"""Seed 000 (the UltraServer Operator guide) end to end: the workload as written in the seed, the
 Deployment of its Step 2, ranks and deletion (the failure strategies, on clusters of their
 own: tests/e2e_clusters)."""
 

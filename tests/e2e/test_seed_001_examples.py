@@ -1,4 +1,4 @@
-"""seeds/001 (Neuron DRA driver) examples 1-3 on the simulated cluster, from the manifests in
+"""Seed 001 (the Neuron DRA guide) examples 1-3 on the simulated cluster, from the manifests in
 examples/specs/ as users apply them."""
 
 from __future__ import annotations
@@ -111,6 +111,6 @@ async def test_example_3_four_node_groups_each_fill_one_ultraserver(
 
 @pytest.mark.parametrize("step", ["cluster", "connected", "sizes", "lnc", "ultraserver_groups"])
 async def test_walkthrough_step_passes(walk: Walkthrough, step: str) -> None:
-    """The steps ``neuron-dra sim`` shows for seeds/001 check themselves; they pass here."""
+    """The steps ``neuron-dra sim`` shows for seed 001 check themselves; they pass here."""
     await getattr(walk, step)()
     assert "FAILED" not in walk.out.getvalue()  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
-"""seeds/002 (UltraServer environment and node labels, once written by an init script),
-seeds/003 and 004 (Neuron scheduler extension: connected sets on trn1, contiguous rings on
+"""Seed 002 (UltraServer environment and node labels, once written by an init script),
+seeds 003 and 004 (Neuron scheduler extension: connected sets on trn1, contiguous rings on
 inf2) on the simulated cluster."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def trn1_template(count: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("count", [1, 4, 8, 16])
 async def test_trn1_connected_set_counts_are_prepared(walk: Walkthrough, count: int) -> None:
-    """seeds/003: 1, 4, 8 and 16 devices are the trn1.32xlarge's connected sets."""
+    """Seed 003: 1, 4, 8 and 16 devices are the trn1.32xlarge's connected sets."""
     await walk.sim.apply(trn1_template(count))
     await walk.create_pod(f"trn1-{count}", f"trn1-{count}")
     (pod,) = await walk.running([f"trn1-{count}"])

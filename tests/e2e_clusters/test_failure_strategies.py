@@ -1,7 +1,7 @@
-"""seeds/000 (UltraServer Operator): each failure strategy after a node of a running workload
-dies, on a cluster of three UltraServers (one spare) with a control plane of its own, shared
-by the strategies: after each, the failed node comes back (a new boot) and the cluster is
-reset."""
+"""Seed 000 (the UltraServer Operator guide): each failure strategy after a node of a running
+workload dies, on a cluster of three UltraServers (one spare) with a control plane of its
+own, shared by the strategies: after each, the failed node comes back (a new boot) and the
+cluster is reset."""
 
 from __future__ import annotations
 

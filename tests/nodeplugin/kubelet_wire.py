@@ -1,10 +1,11 @@
 """An independent kubelet-side client for wire-compatibility tests.
 
 It deliberately does not import ``neuron_dra.proto``: requests are encoded and responses
-decoded by hand from the field tables in reference/kubelet-dra.md §1.3, §2.1 and §3.1,
-and sent as raw bytes on the full method paths the Go kubelet dials. A wrong field
-number, wire type or package line in our .proto files therefore breaks these tests even
-though our own generated code agrees with itself.
+decoded by hand from the field numbers of the upstream protos (k8s.io/kubelet v0.34/v0.35:
+DRA v1 and v1beta1, plugin registration, DRA health), and sent as raw bytes on the full
+method paths the Go kubelet dials. A wrong field number, wire type or package line in our
+.proto files therefore breaks these tests even though our own generated code agrees with
+itself.
 
 Protobuf encoding in brief: every field is ``key = field_number << 3 | wire_type``
 (varint) followed by a varint (type 0) or a varint length and that many bytes (type 2:
@@ -152,7 +153,7 @@ def _int(value: int | bytes) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# Messages (field numbers from reference/kubelet-dra.md)
+# Messages (field numbers from the upstream k8s.io/kubelet protos)
 # --------------------------------------------------------------------------------------
 
 
@@ -404,7 +405,7 @@ _GOGO_FIELD_OPTIONS = re.compile(r"\s*\[\s*\(gogoproto\.[^\]]*\]")
 
 def strip_gogo(text: str) -> str:
     """1.34-era upstream protos use gogoproto options, which never change the wire format
-    (reference §1.1); dropping them avoids needing gogo.proto on the include path."""
+    (1.35 dropped them); dropping them avoids needing gogo.proto on the include path."""
     text = _GOGO_IMPORT.sub("", text)
     text = _GOGO_FILE_OPTION.sub("", text)
     return _GOGO_FIELD_OPTIONS.sub("", text)

@@ -1,4 +1,4 @@
-"""CDI specs for prepared claims: content (pure) and spec files (edge) (DESIGN §3.5)."""
+"""CDI specs for prepared claims: content (pure) and spec files (edge)."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ _CDI_KIND = re.compile(
 
 
 def assert_cdi_valid(spec: dict[str, Any]) -> None:
-    """The CDI rules of reference/kubelet-dra.md §9 that our content can break."""
+    """The rules of the CDI specification (cdiVersion, kind, names) that our content can break."""
     assert set(spec) <= {"cdiVersion", "kind", "devices", "containerEdits", "annotations"}
     assert _CDI_KIND.fullmatch(spec["kind"])
     names = [d["name"] for d in spec["devices"]]

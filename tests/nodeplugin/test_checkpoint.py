@@ -1,4 +1,4 @@
-"""The prepared-claims checkpoint: format, verification, atomic writes, resets (DESIGN §4)."""
+"""The prepared-claims checkpoint: format, verification, atomic writes, resets."""
 
 from __future__ import annotations
 

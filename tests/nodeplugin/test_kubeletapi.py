@@ -1,10 +1,10 @@
 """The kubelet-facing gRPC layer over real Unix sockets.
 
 The kubelet side is played by ``kubelet_wire`` (hand-written protobuf on raw bytes, no
-``neuron_dra.proto`` import), so these tests check wire compatibility with the field
-tables of reference/kubelet-dra.md, not just agreement of our code with itself; the
-optional upstream tier runs the same flows with stubs compiled from k8s.io/kubelet's own
-.proto files. ``KubeletClient`` (our generated stubs) is tested against the same server.
+``neuron_dra.proto`` import), so these tests check wire compatibility with the upstream
+field numbers, not just agreement of our code with itself; the optional upstream tier runs
+the same flows with stubs compiled from k8s.io/kubelet's own .proto files. ``KubeletClient``
+(our generated stubs) is tested against the same server.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ async def test_register_publish_prepare_unprepare_v1(cluster: Cluster) -> None:
         names = {d["name"] for d in published["spec"]["devices"]}
         assert names == {f"neurondevice{i}" for i in range(16)}
 
-        # seeds/001 example 1: four connected devices (one torus row) at LNC 1.
+        # Seed 001's example 1: four connected devices (one torus row) at LNC 1.
         row = [f"neurondevice{i}" for i in range(4, 8)]
         ref = cluster.claim(
             "row", "trn2-0", row, config=[neuron_config("NeuronConfig", logicalNeuronCore=1)]
@@ -295,7 +295,7 @@ async def test_ultraserver_claim_gets_mode_server_and_node_ids(cluster: Cluster)
         await asyncio.wait_for(plugin.publisher.published.wait(), STEP)
         (published,) = cluster.slices("us-a-2")
         assert "neuronnode" in {d["name"] for d in published["spec"]["devices"]}
-        # seeds/001 example 3: a 4-node UltraServer claim on the whole node.
+        # Seed 001's example 3: a 4-node UltraServer claim on the whole node.
         ref = cluster.claim(
             "us4",
             "us-a-2",

@@ -1,4 +1,4 @@
-"""ResourceSlice content and UltraServer labels from a NodeInventory (DESIGN §3.1-3.3, §3.6)."""
+"""ResourceSlice content and UltraServer labels from a NodeInventory."""
 
 from __future__ import annotations
 
@@ -377,7 +377,7 @@ def test_health_is_published() -> None:
     assert attrs(slices, "neuronnode")["healthy"] is False
 
 
-# --- workload tagging (§3.7) ----------------------------------------------------------------
+# --- workload tagging -----------------------------------------------------------------------
 
 
 def test_whole_node_reservation_tags_every_device() -> None:
@@ -548,7 +548,7 @@ def test_next_generation() -> None:
     )
 
 
-# --- Node labels (§3.6) ----------------------------------------------------------------------
+# --- Node labels -----------------------------------------------------------------------------
 
 
 def test_ultraserver_node_labels_full() -> None:

@@ -1,4 +1,4 @@
-"""Names that other programs, users and the kubelet depend on (DESIGN.md §3).
+"""Names that other programs, users and the kubelet depend on.
 
 Everything here is part of a wire contract: ResourceSlice attributes that users write CEL
 against, Node labels that LeaderWorkerSet annotations refer to, CRD coordinates that kubectl
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-# --- driver and device classes (§3.1) -------------------------------------------------------
+# --- driver and device classes --------------------------------------------------------------
 
 DRIVER_NAME: Final = "neuron.aws.com"
 #: Unqualified attribute and capacity names live in the driver's domain.
@@ -37,14 +37,14 @@ def device_name(device_id: int) -> str:
     return f"{DEVICE_NAME_PREFIX}{device_id}"
 
 
-# --- ResourceSlice API limits (reference/kubelet-dra.md §5.2, Kubernetes 1.34) --------------
+# --- ResourceSlice API limits (resource.k8s.io/v1 validation, Kubernetes 1.34) -------------
 
 MAX_DEVICES_PER_SLICE: Final = 128
 MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: Final = 32
 MAX_ATTRIBUTE_ID_LENGTH: Final = 32
 MAX_ATTRIBUTE_VALUE_LENGTH: Final = 64
 
-# --- device attributes (§3.2) ---------------------------------------------------------------
+# --- device attributes ----------------------------------------------------------------------
 
 ATTR_DEVICE_ID: Final = "deviceId"
 ATTR_RESOURCE_TYPE: Final = "resourceType"
@@ -85,7 +85,7 @@ RESOURCE_TYPE_NODE: Final = "neuron_node"
 CAPACITY_MEMORY: Final = "memory"
 CAPACITY_CORES: Final = "cores"
 
-# --- Node labels (§3.6) ---------------------------------------------------------------------
+# --- Node labels ----------------------------------------------------------------------------
 
 LABEL_INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
 LABEL_CAPACITY_BLOCK_ID: Final = "topology.k8s.aws/capacity-block-id"
@@ -129,7 +129,7 @@ def format_ultraserver_modes(node_counts: Iterable[int]) -> str:
     return "_".join(str(c) for c in counts)
 
 
-# --- opaque device configs (§3.4) -----------------------------------------------------------
+# --- opaque device configs ------------------------------------------------------------------
 
 CONFIG_API_VERSION: Final = "neuron.aws.com/v1"
 #: Older spellings seen in the beta documentation; still accepted on input, never written.
@@ -141,7 +141,7 @@ CONFIG_API_VERSIONS_ACCEPTED: Final[tuple[str, ...]] = (
 CONFIG_KIND_NEURON: Final = "NeuronConfig"
 CONFIG_KIND_ULTRASERVER: Final = "UltraServerConfig"
 
-# --- custom resources (§3.7) ----------------------------------------------------------------
+# --- custom resources -----------------------------------------------------------------------
 
 CRD_GROUP: Final = "neuron.aws.com"
 CRD_VERSION: Final = "v1beta1"
@@ -166,6 +166,5 @@ LABEL_WORKLOAD_ID: Final = "neuron.aws.com/workload-id"
 FINALIZER_WORKLOAD: Final = "neuron.aws.com/workload-protection"
 
 #: Label values are limited to 63 characters and the workload id travels in
-#: ``LABEL_WORKLOAD_ID``, so it must fit there (DESIGN §3.7 says "<= 64": the label is the
-#: tighter bound).
+#: ``LABEL_WORKLOAD_ID``, so it must fit there.
 WORKLOAD_ID_MAX_LENGTH: Final = 63

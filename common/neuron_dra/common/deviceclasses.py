@@ -1,4 +1,4 @@
-"""The project's DeviceClasses (DESIGN §3.1), defined once.
+"""The project's DeviceClasses, defined once.
 
 The Helm chart, the simulated cluster and ``neuron-dra check-claim`` all use these objects, so
 what a template selects in a test is what it selects in a cluster.

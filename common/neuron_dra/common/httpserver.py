@@ -1,6 +1,6 @@
 """The HTTP endpoints both processes serve: ``/healthz``, ``/readyz`` and ``/metrics``.
 
-One aiohttp app on the process's event loop (reference/python-eco.md §7): no metrics thread,
+One aiohttp app on the process's event loop (not ``prometheus_client``'s own server): no thread,
 and a liveness probe that is answered at all proves the loop is not blocked.
 
 Checks are named callables returning ``(ok, message)``, sync or async. The response follows

@@ -1,5 +1,5 @@
 """Instance-type profiles: what a Neuron instance type looks like and which device sets on it
-are connected (DESIGN §3.3; facts from reference/neuron.md §1 and §4).
+are connected (the rules users see are in the README, "Connected devices").
 
 A profile answers questions whose answers must agree between the kubelet plugin (which
 publishes connected-group attributes and checks prepared sets) and the controller and

@@ -1,4 +1,4 @@
-"""UltraServer reservation facts shared by the controller and the kubelet plugin (DESIGN §3.7).
+"""UltraServer reservation facts shared by the controller and the kubelet plugin.
 
 The controller records each allocated *unit* (``topologySize`` nodes of one UltraServer) as
 one entry of ``NeuronUltraServer.status.allocations``; that is the only place reservations
@@ -23,7 +23,7 @@ _UID_SUFFIX_LEN: Final = 8
 
 
 def workload_id(name: str, uid: str) -> str:
-    """Cluster-unique, stable id of a workload, starting with its name (DESIGN §3.7).
+    """Cluster-unique, stable id of a workload, starting with its name.
 
     ``<name>-<8 hex of uid>``; long names are cut so the id fits a label value (63), the
     limit that matters because the id is also a label on the generated claims.
@@ -41,7 +41,7 @@ def workload_ref(namespace: str, name: str) -> str:
 
 
 def global_topo_id(unit_index: int, topology_size: int, node_index: int) -> int:
-    """``NEURON_GLOBAL_TOPOID``: the node's rank across the whole workload (DESIGN §3.5)."""
+    """``NEURON_GLOBAL_TOPOID``: the node's rank across the whole workload."""
     if not 0 <= node_index < topology_size:
         raise ValueError(f"node index {node_index} outside a unit of {topology_size}")
     return unit_index * topology_size + node_index

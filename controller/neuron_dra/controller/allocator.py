@@ -1,4 +1,4 @@
-"""Which UltraServer nodes each NeuronUltraServerWorkload gets (DESIGN §3.7). Pure: no I/O.
+"""Which UltraServer nodes each NeuronUltraServerWorkload gets. Pure: no I/O.
 
 The reconciler turns the cached NeuronUltraServers and workloads into the plain values below
 (``servers_from``, ``request_from``), asks ``plan`` (new workloads) or ``plan_replacement``

@@ -1,4 +1,4 @@
-"""The ResourceClaimTemplate generated for a NeuronUltraServerWorkload (DESIGN §3.7). Pure.
+"""The ResourceClaimTemplate generated for a NeuronUltraServerWorkload. Pure.
 
 Users point their pods at this template; every pod then gets a ResourceClaim asking for one
 whole node *of this workload*: the ``neuronnode`` device whose ``workloadId`` attribute the

@@ -1,4 +1,4 @@
-"""The units one UltraServer can offer, and how they rank (DESIGN §3.7). Pure: no I/O.
+"""The units one UltraServer can offer, and how they rank. Pure: no I/O.
 
 A unit is ``topologySize`` nodes of one UltraServer that the hardware can run as one
 NeuronLink domain: size 4 is the whole UltraServer (node ids 0..3), size 2 one of the two X2V

@@ -1,4 +1,4 @@
-"""The kubelet plugin's record of prepared claims (DESIGN §4; reference/kubelet-dra.md §4).
+"""The kubelet plugin's record of prepared claims (docs/architecture.md, "Crash safety").
 
 Why a checkpoint at all: the kubelet may call NodePrepareResources again for a claim we already
 prepared (its "prepared" flag is not persisted) and NodeUnprepareResources after the claim is
@@ -26,7 +26,8 @@ On disk (``<plugins dir>/<driver>/checkpoint.json``; one line of compact JSON, i
       }
     }
 
-Design choices, each from a failure seen in other drivers (reference/anchors.md §6):
+Design choices, each from a failure seen in other drivers (e.g. NVIDIA's DRA driver, issues
+kubernetes-sigs/dra-driver-nvidia-gpu#1080 and #951):
 
 * The checksum covers the canonical form (sorted keys, no whitespace) of ``data`` *as read
   from the file*, not of our model re-serialized: a later version that adds a field still

@@ -1,4 +1,4 @@
-"""A lock shared by every instance of the kubelet plugin on this node (kubelet-dra.md §2.2, §4.4).
+"""A lock shared by every instance of the kubelet plugin on this node.
 
 During a rolling update of the DaemonSet (``maxSurge: 1``) the old and the new plugin pod run
 side by side, each with its own sockets, and the kubelet may send any call to either. Both

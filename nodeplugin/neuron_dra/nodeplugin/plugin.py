@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 #: How often discovery runs again: device health, a finished UltraServer election, a new
 #: driver version. Hot-plug of Neuron devices does not happen on these instances, so polling
-#: is simpler and more portable than udev monitoring (reference/python-eco.md §6).
+#: is simpler and more portable than udev monitoring (which needs udevd and netlink).
 DEFAULT_RESCAN_INTERVAL = 30.0
 #: How long start-up lets the first publish go ahead of the remaining imports (then serves
 #: anyway: an API server that does not take the slice must not keep the kubelet waiting).

@@ -1,4 +1,4 @@
-"""This node's UltraServer reservations, from the NeuronUltraServers' status (DESIGN §3.5, §3.7).
+"""This node's UltraServer reservations, from the NeuronUltraServers' status.
 
 The controller writes allocations only into ``NeuronUltraServer.status.allocations``; it never
 touches our slices. :class:`ReservationWatcher` turns that record into the two things the

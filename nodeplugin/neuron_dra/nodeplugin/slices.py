@@ -2,8 +2,8 @@
 
 Everything here is a contract with users (CEL selectors and ``matchAttribute`` constraints name
 these attributes), with the EFA driver (connected-group ids must equal the ones DRANET publishes
-for the paired EFA devices) and with the API server (limits of reference/kubelet-dra.md §5.2).
-DESIGN.md §3.1-3.3 and §3.6 fix the names and values; this module only assembles them.
+for the paired EFA devices) and with the API server (its resource.k8s.io/v1 limits). The
+names and values are in ``constants`` and the README; this module only assembles them.
 
 No I/O: the caller passes the Node's name, uid and labels and publishes the result.
 """
@@ -77,7 +77,7 @@ GROUP_ID_HEX_CHARS: Final = 16
 
 _MAX_OBJECT_NAME: Final = 253
 
-# Formats the API server enforces (reference/kubelet-dra.md §5.2). Duplicated here rather than
+# Formats the API server enforces (resource.k8s.io/v1 validation). Duplicated here rather than
 # imported from the fake API server's validator: production code must not depend on test code.
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -236,7 +236,7 @@ def _node_attributes(
     node_labels: Mapping[str, str],
     dra_driver_version: str,
 ) -> dict[str, dict[str, Any]]:
-    """Attributes every device of the node carries (DESIGN §3.2 "all")."""
+    """Attributes every device of the node carries (README: the attributes "on all")."""
     assert inventory.instance_type is not None  # inventory_profile checked it
     attrs: dict[str, dict[str, Any]] = {
         ATTR_INSTANCE_TYPE: _str(inventory.instance_type),
@@ -337,7 +337,7 @@ def _node_workload_id(workload_ids: Mapping[int | str, str]) -> str | None:
 
 
 def check_device_limits(device: Mapping[str, Any]) -> None:
-    """Raise SliceBuildError if ``device`` breaks a ResourceSlice limit (kubelet-dra.md §5.2)."""
+    """Raise SliceBuildError if ``device`` breaks a ResourceSlice limit of the API server."""
     name = device.get("name", "")
     if not _DNS_LABEL.fullmatch(name) or len(name) > 63:
         raise SliceBuildError(f"device name {name!r} is not a DNS label")
@@ -404,7 +404,7 @@ def build_resource_slices(
     """The ResourceSlices (resource.k8s.io/v1) publishing this node's devices.
 
     ``workload_ids`` maps a device index, or ``"node"`` for the whole node, to the workload it
-    is reserved for (DESIGN §3.7); a device-specific entry wins over ``"node"``.
+    is reserved for; a device-specific entry wins over ``"node"``.
     """
     if not node_uid:
         raise SliceBuildError(f"node {node_name}: uid required for the owner reference")
@@ -542,7 +542,7 @@ def next_generation(
 
 
 def ultraserver_node_labels(inventory: NodeInventory) -> dict[str, str]:
-    """The UltraServer labels (DESIGN §3.6) this node should carry; {} on other nodes.
+    """The UltraServer labels this node should carry; {} on other nodes.
 
     Values that are not valid label values (a driver reporting something unexpected) are left
     out rather than failing the whole label update; the caller removes every owned label it

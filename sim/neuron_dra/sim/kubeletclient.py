@@ -1,6 +1,6 @@
 """A small kubelet-side client of DRA plugins, for the simulated kubelet and tests.
 
-It follows what a 1.34/1.35 kubelet does (reference/kubelet-dra.md §2.3-2.4): find sockets
+It follows what a 1.34/1.35 kubelet does (its plugin watcher and DRA handler): find sockets
 in the registration directory, ``GetInfo`` (1 s), validate, pick the DRA service, dial the
 endpoint, ``NotifyRegistrationStatus`` (5 s); then Prepare/Unprepare with a 45 s deadline.
 It uses our generated stubs (via ``kubeletapi._proto``); wire compatibility with the real

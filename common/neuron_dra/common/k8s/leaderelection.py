@@ -11,7 +11,7 @@ Same protocol as client-go's, so our replicas interoperate with its tooling and 
   replica takes over after one retry period instead of a full lease duration.
 
 The ``kubernetes_asyncio.leaderelection`` module lacks release-on-stop and transitions, and
-writes naive local timestamps (reference/python-eco.md §2), hence this small implementation.
+writes naive local timestamps (as of kubernetes_asyncio 36), hence this small implementation.
 """
 
 from __future__ import annotations

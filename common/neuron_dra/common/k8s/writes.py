@@ -1,8 +1,9 @@
 """Safe write patterns: RV-guarded read-modify-write, merge patch, server-side apply, finalizers.
 
-DESIGN.md §5: every write is resourceVersion-guarded or server-side apply, and retried on 409.
-Blind PUTs (without an RV) or merge patches of lists (``metadata.finalizers``) would silently
-overwrite a concurrent writer's change, so list edits go through :func:`update_with_retry`.
+The project's rule (docs/architecture.md): every write is resourceVersion-guarded or
+server-side apply, and retried on 409. Blind PUTs (without an RV) or merge patches of lists
+(``metadata.finalizers``) would silently overwrite a concurrent writer's change, so list edits
+go through :func:`update_with_retry`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Opaque device configurations carried in ResourceClaims and DeviceClasses (DESIGN §3.4).
+"""Opaque device configurations carried in ResourceClaims and DeviceClasses.
 
 Users type these by hand inside ``opaque.parameters``, and a mistake only surfaces when the
 pod is stuck in ContainerCreating. So decoding is strict (unknown fields and string-typed

@@ -1,4 +1,4 @@
-"""NeuronUltraServer and NeuronUltraServerWorkload (DESIGN §3.7).
+"""NeuronUltraServer and NeuronUltraServerWorkload (docs/configuration.md documents both).
 
 These models are the single source of truth for the CRD schemas: ``crdgen`` derives the
 OpenAPI schema from them, including the CEL rules attached with ``json_schema_extra``. A

@@ -1,4 +1,4 @@
-"""UltraServer discovery: ResourceSlices and Nodes -> NeuronUltraServer objects (DESIGN §3.6-3.7).
+"""UltraServer discovery: ResourceSlices and Nodes -> NeuronUltraServer objects.
 
 Each kubelet plugin publishes its node's ResourceSlice with ``ultraserverId`` and
 ``ultraserverNodeId`` attributes; this reconciler groups the nodes by UltraServer id and keeps
@@ -26,7 +26,7 @@ not stop discovery of every other UltraServer):
 - :mod:`.keys`: which UltraServers an event concerns, and the slice indexes behind it;
 - :mod:`.reconciler`: :class:`UltraServerDiscovery`, which reads the caches and writes.
 
-Write discipline (reference/anchors.md §6: status-write storms, stuck deletions): nothing is
+Write discipline (status-write storms and stuck deletions plague other DRA drivers): nothing is
 written when the desired object equals the cached one, ``lastTransitionTime`` only moves when a
 condition's status flips, and NUS objects carry no finalizer, so deleting one never hangs.
 

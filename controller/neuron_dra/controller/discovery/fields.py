@@ -51,7 +51,7 @@ def int_attribute(device: Mapping[str, Any], name: str) -> int | None:
 
 
 def _node_device_first(devices: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    # The neuronnode device speaks for the whole node, so its values win (DESIGN §3.1).
+    # The neuronnode device speaks for the whole node, so its values win.
     return sorted(devices, key=lambda d: d.get("name") != NODE_DEVICE_NAME)
 
 
@@ -71,7 +71,7 @@ def slice_node_name(slice_: Mapping[str, Any]) -> str | None:
     spec = as_mapping(slice_.get("spec"))
     name = spec.get("nodeName")
     if not isinstance(name, str) or not name:
-        # Pool name = node name is our publishing contract (DESIGN §3.1).
+        # Pool name = node name is our publishing contract (README, "Devices and attributes").
         name = as_mapping(spec.get("pool")).get("name")
     return name if isinstance(name, str) and name else None
 

@@ -63,7 +63,7 @@ class MemberNode:
     def link_status(self) -> LinkStatus:
         """NeuronLink state as far as the slice tells it, for both directions.
 
-        The slice contract (§3.2) has no per-link attribute, so horizontal and vertical are the
+        The slice's attributes (README) have no per-link one, so horizontal and vertical are the
         same: ``Up`` when the node and all its devices are healthy and its driver still offers
         multi-node modes; ``Down`` when a healthy node's driver offers only single-node mode
         (its mode list reflects the link state: it cannot reach its peers); ``Unknown`` when

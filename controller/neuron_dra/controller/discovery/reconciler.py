@@ -5,7 +5,7 @@ It reads only the controller's caches, decides with the pure functions of this p
 of the object the decision was based on: ``status.allocations`` is the workload
 reconciler's, so an allocation written meanwhile makes our write fail with 409 and we
 recompute from the fresh object instead of overwriting it. NUS objects carry no finalizer,
-so deleting one never hangs (reference/anchors.md §6).
+so deleting one never hangs.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ This reconciler owns ``state``, ``nodeCount``, ``allocatedNodeCount``, the ``Rea
 ``Degraded`` conditions and ``observedGeneration``; ``status.allocations`` is the workload
 reconciler's, read here (the state depends on it) and passed through untouched.
 ``lastTransitionTime`` only moves when a condition's status flips, so an unchanged verdict
-writes nothing (reference/anchors.md §6: status-write storms).
+writes nothing (no status-write storms, as other DRA drivers had).
 """
 
 from __future__ import annotations

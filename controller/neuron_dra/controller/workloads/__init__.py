@@ -1,4 +1,4 @@
-"""The NeuronUltraServerWorkload reconciler (DESIGN §3.7): allocate, repair, release.
+"""The NeuronUltraServerWorkload reconciler: allocate, repair, release.
 
 Level-triggered. Each ``reconcile(key)`` reads the caches (workloads, NeuronUltraServers,
 Nodes, ResourceSlices, templates), works out from them where the workload stands, and takes

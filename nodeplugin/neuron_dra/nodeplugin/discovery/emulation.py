@@ -4,7 +4,7 @@
 ``write_emulated_tree`` and then runs the *same* scanner (``sysfs.scan``, via
 ``scan_emulated``) over the result, so
 emulation exercises the production discovery code instead of bypassing it. The tree follows
-the driver's layout and file formats (reference/neuron.md §2.2) and the instance type's
+the driver's layout and file formats (driver 2.24/2.25) and the instance type's
 profile (``neuron_dra.common.profiles``):
 
 ``<root>/sys``
@@ -36,10 +36,10 @@ configuration. Write the name as ``<prefix><n>`` (trailing decimal digits ``n``)
 - a name without trailing digits is node 0 of an UltraServer named after the node.
 
 The UltraServer id becomes ``server_id_4``, which is what discovery reports as the
-UltraServer id (DESIGN §3.6): a 16-hex-digit id is used as is (lower-cased), so emulated
-``ultraserverId`` can be chosen exactly; any other string is hashed (the first 16 hex digits
-of its SHA-256). ``server_id_2`` follows the driver's X2V rule: nodes 0 and 1 share
-``server_id_4``'s value S, nodes 2 and 3 get S - 1.
+UltraServer id (docs/configuration.md, ``--emulated-ultraserver-id``): a 16-hex-digit id is
+used as is (lower-cased), so emulated ``ultraserverId`` can be chosen exactly; any other
+string is hashed (the first 16 hex digits of its SHA-256). ``server_id_2`` follows the
+driver's X2V rule: nodes 0 and 1 share ``server_id_4``'s value S, nodes 2 and 3 get S - 1.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class _Chip:
     has_health_status: bool  # health_status/ exists on Trn2/Trn3 only
 
 
-# Keyed by the profile's device_name (= sysfs device_name). Suffixes from reference/neuron.md
-# §2.2: note Inferentia2 is NDv3 at device level but has NeuronCore-v2 cores.
+# Keyed by the profile's device_name (= sysfs device_name). Suffixes as the driver reports them:
+# note Inferentia2 is NDv3 at device level but has NeuronCore-v2 cores.
 _CHIPS: dict[str, _Chip] = {
     "Inferentia": _Chip("NDv1", "NCv1", "Inf1", has_serial=False, has_health_status=False),
     "Trainium1": _Chip("NDv2", "NCv2", "Trn1", has_serial=True, has_health_status=False),
@@ -95,7 +95,7 @@ _CHIPS: dict[str, _Chip] = {
     "Trainium3": _Chip("NDv4", "NCv4", "Trn3", has_serial=True, has_health_status=True),
 }
 
-#: Types with one EFA per Neuron device (reference/neuron.md §7). trn1.32xlarge has 8 EFAs
+#: Types with one EFA per Neuron device (AWS's instance specifications). trn1.32xlarge has 8 EFAs
 #: for 16 devices and its pairing is not documented, so emulating it would invent facts.
 _EFA_FAMILIES = ("trn1n", "trn2", "trn2n", "trn2u", "trn3", "trn3p", "trn3s")
 _EFA_ONE_PER_DEVICE = frozenset(

@@ -48,7 +48,7 @@ class NeuronDevice:
     arch_instance_family: str | None = None
     serial_number: str | None = None
     #: PCI address of the EFA device paired with this Neuron device, when known; drives the
-    #: AWS connected-group id rule (DESIGN.md §3.3).
+    #: AWS connected-group id rule (docs/architecture.md, "Discovery → ResourceSlice").
     efa_pci_address: str | None = None
     #: False when hardware health signals report a problem; reasons say which.
     healthy: bool = True

@@ -10,7 +10,7 @@ while the driver (un)loads, so a value that is missing, unreadable or malformed 
 ``None`` plus an entry in ``NodeInventory.problems`` naming the path and the reason. Nothing
 here raises for bad hardware data; the plugin logs the problems and rescans later.
 
-File formats are those of reference/neuron.md §2 (driver 2.24+).
+File formats are those of the Neuron kernel driver 2.24+ (its source and AWS's sysfs user guide).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ LOGICAL_NC_CONFIG_FILE = Path("aws/neuron/logical_nc_config")
 EMULATION_MARKER = ".neuron-dra-emulated"
 
 #: ECC counters whose non-zero value means memory returned bad data the hardware could not
-#: fix. The runtime treats all three as fatal for the workload (reference/neuron.md §6.3).
+#: fix. The runtime treats all three as fatal for the workload.
 UNCORRECTED_ECC_COUNTERS = (
     "sram_ecc_uncorrected",
     "mem_ecc_uncorrected",
@@ -397,8 +397,8 @@ def load_efa_map(path: Path) -> dict[int, str]:
 
         {"0": "0000:10:1b.0", "1": "0000:10:1c.0"}
 
-    It is operator configuration (sysfs does not link Neuron devices to PCI, reference
-    neuron.md §2.1), so unlike hardware data a malformed file raises ValueError.
+    It is operator configuration (sysfs does not link Neuron devices to PCI devices), so
+    unlike hardware data a malformed file raises ValueError.
     """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -1,4 +1,6 @@
-"""The kubelet-facing gRPC layer of the kubelet plugin (DESIGN §4, reference/kubelet-dra.md §1-4).
+"""The kubelet-facing gRPC layer of the kubelet plugin.
+
+What the kubelet expects of it: docs/architecture.md, "What the kubelet expects".
 
 ``PluginServer`` serves DRA v1 + v1beta1 (and optionally dra-health v1alpha1) on the DRA
 socket and the registration service on the registration socket, translating between the

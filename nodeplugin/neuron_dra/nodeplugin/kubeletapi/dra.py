@@ -1,6 +1,6 @@
 """``DRAPlugin`` servicer (v1 and v1beta1): kubelet calls -> ``DriverBackend``.
 
-Rules (reference/kubelet-dra.md §1.4, §11.5): the kubelet discards a whole response with a
+Rules (the kubelet's DRA manager): the kubelet discards a whole response with a
 non-OK status and fails the pod with an error that names no claim, so a non-OK status is
 kept for requests we cannot even interpret. Everything that goes wrong for a claim becomes
 that claim's ``error`` (which the kubelet puts into the pod's events), and every claim of

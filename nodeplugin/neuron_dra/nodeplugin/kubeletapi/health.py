@@ -1,4 +1,4 @@
-"""``v1alpha1.DRAResourceHealth`` stream (reference/kubelet-dra.md §3); the board it reads is
+"""``v1alpha1.DRAResourceHealth`` stream (KEP-4680); the board it reads is
 ``state.HealthBoard``.
 
 The kubelet keeps one ``NodeWatchResources`` stream per plugin and treats every message

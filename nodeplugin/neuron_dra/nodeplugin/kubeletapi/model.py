@@ -1,4 +1,4 @@
-"""Protobuf-free vocabulary of the kubelet-facing layer (reference/kubelet-dra.md §1-3).
+"""Protobuf-free vocabulary of the kubelet-facing layer.
 
 Everything the rest of the plugin needs to implement or call the kubelet APIs is a plain
 frozen dataclass or a Protocol here, so the checkpoint/CDI code never sees a generated
@@ -13,8 +13,8 @@ from typing import Final, Protocol
 
 #: ``PluginInfo.type`` of a DRA driver (pluginregistration constants).
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
-#: Registration strings, *not* gRPC service names (reference §1.1): the kubelet 1.34+
-#: takes the first entry of our list that it supports, so v1 comes first.
+#: Registration strings, *not* the gRPC service names (which carry the proto package): the
+#: kubelet 1.34+ takes the first entry of our list that it supports, so v1 comes first.
 V1_SERVICE: Final = "v1.DRAPlugin"
 V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
 HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
@@ -22,7 +22,7 @@ HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
 #: codec for each, in this order).
 DRA_VERSIONS: Final = (V1_SERVICE, V1BETA1_SERVICE)
 
-#: The kubelet cancels every Prepare/Unprepare call after this many seconds (reference §2.4).
+#: The kubelet cancels every Prepare/Unprepare call after this many seconds.
 KUBELET_CALL_TIMEOUT: Final = 45.0
 #: Our own budget stays below it so that the kubelet gets per-claim errors it can show in
 #: pod events instead of an opaque DEADLINE_EXCEEDED.

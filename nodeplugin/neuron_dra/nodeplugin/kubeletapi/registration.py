@@ -1,4 +1,4 @@
-"""``pluginregistration.Registration`` servicer (reference/kubelet-dra.md §2).
+"""``pluginregistration.Registration`` servicer.
 
 The kubelet dials the registration socket when it appears, asks ``GetInfo`` (1 s timeout),
 connects to the endpoint we name, and reports the outcome with

@@ -1,4 +1,4 @@
-"""``PluginServer``: owns both Unix sockets and their lifecycle (reference/kubelet-dra.md §2, §4.4).
+"""``PluginServer``: owns both Unix sockets and their lifecycle.
 
 Ordering matters to the kubelet:
 
@@ -60,7 +60,8 @@ def load_grpc_stack() -> None:
 def socket_paths(
     driver_name: str, plugins_dir: Path, registrar_dir: Path, pod_uid: str | None
 ) -> tuple[Path, Path]:
-    """(DRA socket, registration socket) for one plugin instance (reference §2.2)."""
+    """(DRA socket, registration socket) for one plugin instance, named as the Go helper
+    (``k8s.io/dynamic-resource-allocation/kubeletplugin``) names them."""
     _check_name_part("driver name", driver_name)
     if pod_uid is None:
         return plugins_dir / driver_name / "dra.sock", registrar_dir / f"{driver_name}-reg.sock"
@@ -124,7 +125,7 @@ class PluginServer:
 
     @property
     def supported_versions(self) -> tuple[str, ...]:
-        # Only advertise what we serve (reference §11.2).
+        # Only advertise what we serve: the kubelet may call any service we list.
         return DRA_VERSIONS + ((HEALTH_SERVICE,) if self._health_source is not None else ())
 
     @property

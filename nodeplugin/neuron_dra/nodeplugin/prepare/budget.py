@@ -1,7 +1,7 @@
 """What one Prepare call may spend, and how a claim fails within it.
 
 The kubelet gives each NodePrepareResources / NodeUnprepareResources call 45 s and then gives
-up (reference/kubelet-dra.md §4.1). Inside that budget every claim gets an answer of its own:
+up. Inside that budget every claim gets an answer of its own:
 :class:`PrepareFailure` says why one claim is not prepared now and whether the kubelet's retry
 can help (``permanent``: the claim or the node must change first). :func:`read_claim` (and the
 consumer pods' reads, :func:`read_object`) are a Prepare's API reads, retried with backoff
@@ -29,8 +29,7 @@ log = logging.getLogger(__name__)
 class PrepareLimits:
     """Bounds for one Prepare call. The kubelet gives up after 45 s and the gRPC layer cancels
     us at its own budget (``kubeletapi.DEFAULT_BUDGET``, 40 s); stopping API retries at 30 s
-    means a claim whose read keeps failing gets its own clear error instead of a cancellation
-    (reference/kubelet-dra.md §4.1)."""
+    means a claim whose read keeps failing gets its own clear error instead of a cancellation."""
 
     #: Seconds all claims of one call may spend reading their ResourceClaims, retries included.
     budget: float = 30.0

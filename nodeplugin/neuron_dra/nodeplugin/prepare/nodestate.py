@@ -1,6 +1,6 @@
 """The node's record of prepared claims (checkpoint + CDI directory), shared by plugin instances.
 
-Several plugin instances (reference/kubelet-dra.md §4.4): during a rolling update the old and
+Several plugin instances (kubelet 1.33+): during a rolling update the old and
 the new pod serve the kubelet side by side, and it may send any call to either. They share
 the checkpoint and the CDI directory, so everything that reads or changes them runs under the
 node lock (:mod:`.nodelock`, ``serialize.lock`` next to the checkpoint), and each holder first

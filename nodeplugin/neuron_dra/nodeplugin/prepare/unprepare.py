@@ -1,8 +1,8 @@
 """NodeUnprepareResources: remove the claims' CDI specs, then their checkpoint entries.
 
 Unprepare may name claims we never saw or that no longer exist in the API server
-(reference/kubelet-dra.md §4.2), so it works from local state only: the whole batch runs
-under the node lock (local file work only, no API call) and is idempotent.
+(docs/architecture.md, "What the kubelet expects"), so it works from local state only: the
+whole batch runs under the node lock (local file work only, no API call) and is idempotent.
 """
 
 from __future__ import annotations

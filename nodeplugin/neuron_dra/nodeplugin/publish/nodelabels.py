@@ -1,4 +1,4 @@
-"""Keeps this node's UltraServer labels (DESIGN §3.6) equal to what discovery says.
+"""Keeps this node's UltraServer labels (listed in the README) equal to what discovery says.
 
 Schedulers and the controller select UltraServer nodes by these labels. :func:`node_label_patch`
 decides (pure) the merge patch that sets or removes only the labels we own;
@@ -47,7 +47,7 @@ def node_label_patch(
 
 
 class NodeLabeller:
-    """Keeps the UltraServer labels (DESIGN §3.6) on this node equal to the inventory's.
+    """Keeps the UltraServer labels on this node equal to the inventory's.
 
     A merge patch of ``metadata.labels`` touches only the keys it names, so no resourceVersion
     guard is needed: other writers' labels cannot be lost, and the labels we name are ours.

@@ -4,9 +4,9 @@ Level-triggered: every trigger (start, an inventory or workload-id change, a wat
 our slices or our Node) only *requests* a sync, and one :class:`~.syncworker.SyncWorker`
 computes the desired slices from scratch (:mod:`.slices`), plans the writes (:mod:`.sliceplan`,
 pure) and applies them, so bursts of triggers collapse into one sync and two syncs never race
-each other's writes (DESIGN.md §5). The Node's UltraServer labels are :mod:`.nodelabels`' job.
+each other's writes. The Node's UltraServer labels are :mod:`.nodelabels`' job.
 
-ResourceSlice rules we follow (reference/kubelet-dra.md §4.5, §5):
+ResourceSlice rules we follow (those of the Go helper's publisher and the API server):
 
 - Only slices with ``spec.driver == <driver>`` and ``spec.nodeName == <node>`` are ours; the
   watch uses that field selector and every write re-checks it, so other drivers' and other
@@ -116,7 +116,7 @@ class SlicePublisher:
     """Publishes this node's ResourceSlices and keeps them published.
 
     ``inventory`` returns the current discovery result (None until discovery has run);
-    ``workload_ids`` the device reservations (DESIGN §3.7). Call :meth:`request_sync` when
+    ``workload_ids`` the device reservations (:mod:`..reservations`). Call :meth:`request_sync` when
     either changes. Readiness: :attr:`published` is set after the first sync that left the API
     matching the desired state.
     """

@@ -2,7 +2,7 @@
 
 :func:`plan_slices` turns our existing ResourceSlices and the desired ones
 (:func:`~.slices.build_resource_slices`) into the writes that converge them, choosing the
-pool generation (reference/kubelet-dra.md §4.5: every content change moves the whole pool to
+pool generation (as the Go helper does, every content change moves the whole pool to
 a new ``pool.generation``, since consumers trust only the highest generation of a pool).
 :func:`slice_resync_reason` and :func:`node_slice_facts` decide which watch events are worth
 a sync; :func:`published_attributes` is what the published slices offer to Prepare.

@@ -2,7 +2,7 @@
 
 Every trigger of the publisher and the labeller (start, an inventory or workload-id change, a
 watch event) only *requests* a sync; :class:`SyncWorker` runs the sync function, so bursts of
-triggers collapse into one run and two runs never race each other's writes (DESIGN.md §5).
+triggers collapse into one run and two runs never race each other's writes.
 A failure is retried with exponential backoff, and :func:`log_failure` says whether waiting
 helps.
 """

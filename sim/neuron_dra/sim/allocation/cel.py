@@ -1,4 +1,4 @@
-"""DRA device selectors evaluated as kube-scheduler evaluates them (reference/kubelet-dra.md §8).
+"""DRA device selectors evaluated as kube-scheduler evaluates them (Kubernetes' DRA CEL library).
 
 The single variable is ``device`` with ``driver``, ``attributes`` (domain -> name -> value),
 ``capacity`` (domain -> name -> quantity) and ``allowMultipleAllocations``. Unqualified

@@ -1,7 +1,8 @@
 """A simulated kubelet: registers the node's DRA plugins and prepares claims of its pods.
 
-It follows what the kubelet does for DRA (reference/kubelet-dra.md §4), over the plugin's real
-gRPC sockets through :class:`~neuron_dra.sim.kubeletclient.KubeletClient`:
+It follows what the kubelet does for DRA (docs/architecture.md, "What the kubelet expects"),
+over the plugin's real gRPC sockets through
+:class:`~neuron_dra.sim.kubeletclient.KubeletClient`:
 
 - registration: scan the registration directory until a plugin registers;
 - a pod bound to the node (watched with ``fieldSelector=spec.nodeName=<node>``): resolve its

@@ -5,7 +5,7 @@ real control plane: etcd, kube-apiserver, kube-controller-manager, kube-schedule
 controller and one kubelet plugin per node, simulated kubelets calling the plugins over
 gRPC). Each run applies, with the real ``kubectl apply -f``, a NeuronUltraServerWorkload
 (topologySize 4, serverCount 4) and a Deployment of 16 pods referencing the
-ResourceClaimTemplate the controller generates for it (the shape of seeds/000), and times
+ResourceClaimTemplate the controller generates for it (the shape of seed 000's), and times
 apply → workload Allocated → template created → every claim allocated by the scheduler →
 every pod Prepared (its kubelet's NodePrepareResources returned and the pod was reported
 Running), then checks each pod's ranks in its CDI environment and deletes everything.

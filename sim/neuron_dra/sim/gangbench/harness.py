@@ -39,7 +39,7 @@ NS = "default"
 RESOURCE_V1 = "resource.k8s.io/v1"
 TOPOLOGY_SIZE = 4
 SPECS = repo_root() / "examples" / "specs"
-#: The seed's Step 1 and Step 2 (seeds/000): the workload and the Deployment of its pods.
+#: Seed 000's Step 1 and Step 2 (the UltraServer Operator guide): the workload and its pods.
 WORKLOAD_SPEC = SPECS / "ultraserver-workload.yaml"
 DEPLOYMENT_SPEC = SPECS / "ultraserver-training-deployment.yaml"
 
@@ -164,8 +164,8 @@ def report_table(runs: Sequence[GangRun]) -> str:
 async def check_ranks(
     walk: Walkthrough, pods: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
 ) -> None:
-    """What the e2e tests check of seeds/000, at 4 x ``serverCount``: ranks 0..n-1, one pod
-    per allocated node, every rank told rank 0's address, 4 consecutive ranks per
+    """What the e2e tests check of seed 000's workload, at 4 x ``serverCount``: ranks 0..n-1,
+    one pod per allocated node, every rank told rank 0's address, 4 consecutive ranks per
     UltraServer, only the workload's UltraServers used."""
     sim = walk.sim
     ranks: dict[int, str] = {}

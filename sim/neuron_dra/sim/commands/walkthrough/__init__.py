@@ -52,21 +52,21 @@ class Step:
 def steps(w: Walkthrough) -> list[Step]:
     return [
         Step("The simulated cluster", w.cluster),
-        Step("Connected devices: 4 devices in one row (seeds/001 example 1)", w.connected),
+        Step("Connected devices: 4 devices in one row (DRA guide, example 1)", w.connected),
         Step(
-            "Whole node, half node, driver version: xl / l / 2.24.7.0 templates (seeds/001)",
+            "Whole node, half node, driver version: xl / l / 2.24.7.0 templates (DRA guide)",
             w.sizes,
         ),
-        Step("Logical NeuronCore size 1 (seeds/001 example 2)", w.lnc),
+        Step("Logical NeuronCore size 1 (DRA guide, example 2)", w.lnc),
         Step(
-            "4-node UltraServer groups with LeaderWorkerSet (seeds/001 example 3)",
+            "4-node UltraServer groups with LeaderWorkerSet (DRA guide, example 3)",
             w.ultraserver_groups,
         ),
         Step(
-            "UltraServer operator: workload, template, 8 ranked pods, cleanup (seeds/000)",
+            "UltraServer operator: workload, template, 8 ranked pods, cleanup (operator guide)",
             w.operator,
         ),
-        Step("Invalid device count on trn1.32xlarge (seeds/003, seeds/004)", w.invalid_count),
+        Step("Invalid device count on trn1.32xlarge (scheduler extension docs)", w.invalid_count),
         Step("Cleanup", w.cleanup),
     ]
 

@@ -1,5 +1,5 @@
-"""The walkthrough's step for seeds/000: the UltraServer operator, from a
-NeuronUltraServerWorkload to 8 ranked pods and back."""
+"""The walkthrough's step for seed 000 (the UltraServer Operator guide): the UltraServer
+operator, from a NeuronUltraServerWorkload to 8 ranked pods and back."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def workload_for_sim(doc: Mapping[str, Any], instance_type: str) -> JsonDict:
 
 
 class OperatorSteps(WalkthroughTools):
-    """The step of seeds/000 (the UltraServer operator)."""
+    """The step of seed 000 (the UltraServer operator)."""
 
     async def operator(self) -> None:
         base = f"/apis/{c.CRD_GROUP}/{c.CRD_VERSION}/namespaces/{NS}/{c.PLURAL_WORKLOAD}"

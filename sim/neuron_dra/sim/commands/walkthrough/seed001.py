@@ -1,5 +1,6 @@
-"""The walkthrough's steps for seeds/001: the simulated cluster, connected devices, whole
-and half nodes and driver versions, logical NeuronCore size, 4-node UltraServer groups."""
+"""The walkthrough's steps for seed 001 (the Neuron DRA guide): the simulated cluster,
+connected devices, whole and half nodes and driver versions, logical NeuronCore size, 4-node
+UltraServer groups."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from neuron_dra.sim.commands.walkthrough.tools import (
 
 
 class DeviceSteps(WalkthroughTools):
-    """Steps of seeds/001 (devices on single nodes and UltraServer groups)."""
+    """Steps of seed 001 (devices on single nodes and UltraServer groups)."""
 
     async def cluster(self) -> None:
         rows = []

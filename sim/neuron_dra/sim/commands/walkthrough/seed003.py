@@ -1,5 +1,5 @@
-"""The walkthrough's step for seeds/003 and seeds/004: an invalid device count refused at
-Prepare, and check-claim saying so before anything is scheduled."""
+"""The walkthrough's step for seeds 003 and 004 (the scheduler extension docs): an invalid
+device count refused at Prepare, and check-claim saying so before anything is scheduled."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from neuron_dra.sim.commands.walkthrough.tools import WalkthroughTools, expect
 
 
 class InvalidCountSteps(WalkthroughTools):
-    """The step of seeds/003 and seeds/004 (7 devices on trn1.32xlarge)."""
+    """The step of seeds 003 and 004 (7 devices on trn1.32xlarge)."""
 
     async def invalid_count(self) -> None:
         await self.apply_spec("invalid-trn1-7-devices.yaml")

@@ -38,7 +38,7 @@ def compact_devices(names: Iterable[str]) -> str:
     return ",".join(ordered)
 
 
-#: NEURON_RT_ULTRASERVER_MODE is the driver's enum, not a node count (reference/neuron.md).
+#: NEURON_RT_ULTRASERVER_MODE is the driver's enum, not a node count (docs/configuration.md).
 MODE_NAMES = {"1": "X4", "2": "X2H", "3": "X2V", "4": "X1"}
 
 

@@ -63,7 +63,7 @@ from neuron_dra.sim.fakeapi.validation.names import (
 
 __all__ = ["apply_builtin_defaults", "validate_builtin", "validate_object_meta"]
 
-# resource.k8s.io/v1 limits (Kubernetes 1.34 values; see reference/kubelet-dra.md §5.2).
+# resource.k8s.io/v1 limits (Kubernetes 1.34 values, from the API's types and validation).
 RESOURCE_SLICE_MAX_DEVICES = 128
 RESOURCE_SLICE_MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
 

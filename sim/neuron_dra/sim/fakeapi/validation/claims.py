@@ -54,7 +54,7 @@ __all__ = [
     "validate_resource_claim_template",
 ]
 
-# resource.k8s.io/v1 limits (Kubernetes 1.34 values; see reference/kubelet-dra.md §5.2, §6).
+# resource.k8s.io/v1 limits (Kubernetes 1.34 values, from the API's types and validation).
 DEVICE_REQUESTS_MAX = 32
 FIRST_AVAILABLE_MAX = 8
 DEVICE_SELECTORS_MAX = 32

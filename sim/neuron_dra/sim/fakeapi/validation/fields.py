@@ -28,7 +28,7 @@ from neuron_dra.sim.fakeapi.validation.names import (
     is_valid_label_value,
 )
 
-# resource.k8s.io/v1 name limits (Kubernetes 1.34 values; see reference/kubelet-dra.md §5.2).
+# resource.k8s.io/v1 name limits (Kubernetes 1.34 values, from the API's types and validation).
 DEVICE_MAX_DOMAIN_LENGTH = 63
 DEVICE_MAX_ID_LENGTH = 32
 DRIVER_NAME_MAX_LENGTH = 63
