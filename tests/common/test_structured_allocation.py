@@ -193,6 +193,21 @@ def test_four_connected_devices_fail_when_every_row_is_broken() -> None:
     )
 
 
+def test_admin_access_takes_devices_in_use_and_leaves_them_in_use_for_others() -> None:
+    """A monitoring claim (``adminAccess``) gets every device, in use or not; its results say
+    so and put nothing in use."""
+    watch = request(all_mode=True, selectors=[TRN2_SEL])
+    watch["exactly"]["adminAccess"] = True
+    busy = used("node-a", 1, 6)
+    result = ok(allocate(claim(watch), classes=CLASSES, slices=TRN2, allocated=busy))
+    assert ids(result) == list(range(16)) and not result.device_keys
+    results = result.allocation["devices"]["results"]
+    assert all(r["adminAccess"] is True for r in results)
+    # Without adminAccess the same request waits for the devices in use.
+    watch["exactly"].pop("adminAccess")
+    assert not failed(allocate(claim(watch), classes=CLASSES, slices=TRN2, allocated=busy)).error
+
+
 def test_xl_all_devices_of_trn2() -> None:
     xl = claim(request(all_mode=True, selectors=[TRN2_SEL]))
     result = ok(allocate(xl, classes=CLASSES, slices=TRN2, allocated=set()))

@@ -1,4 +1,4 @@
-"""Planning a claim: results, config merging, validation against this node (DESIGN §3.3-3.5)."""
+"""Planning a claim: results, config merging, validation against this node."""
 
 from __future__ import annotations
 
@@ -420,7 +420,7 @@ def test_single_node_mode_needs_no_election() -> None:
     assert plan(claim, inv).ultraserver_mode_nodes == 1
 
 
-# --- workload reservations (§3.7) -------------------------------------------------------------
+# --- workload reservations --------------------------------------------------------------------
 
 LABEL = "neuron.aws.com/workload-id"
 
@@ -439,6 +439,16 @@ def test_reserved_devices_need_the_workloads_claim() -> None:
 
     mine = make_claim([result("neuronnode")], [opaque(us_mode(4))], labels={LABEL: "train-a-1x2"})
     assert plan(mine, TRN2U, published).workload_id == "train-a-1x2"
+
+
+def test_admin_access_watches_any_devices_even_a_workloads() -> None:
+    """adminAccess (a monitoring claim): no connected-set rule, no workload check, no
+    configuration; it holds none of its devices."""
+    published = published_for(TRN2U, {"node": "train-a-1x2"})
+    watched = [{**result(f"neurondevice{i}"), "adminAccess": True} for i in (0, 5, 9)]
+    got = plan(make_claim(watched, [opaque(lnc(1))]), TRN2U, published)
+    assert got.admin_access and got.device_indices == (0, 5, 9) and got.held_indices == ()
+    assert (got.workload_id, got.lnc, got.ultraserver_mode_nodes) == (None, None, None)
 
 
 def test_read_only_published_views_are_checked_too() -> None:

@@ -139,6 +139,7 @@ class Env:
         config: list[dict[str, Any]] | None = None,
         namespace: str = "default",
         allocate: bool = True,
+        admin: bool = False,
     ) -> ClaimRef:
         """Create an allocated ResourceClaim like the scheduler leaves it; its ClaimRef."""
         created = self.api.create(
@@ -166,7 +167,13 @@ class Env:
                 "allocation": {
                     "devices": {
                         "results": [
-                            {"request": "neurons", "driver": DRIVER, "pool": NODE, "device": d}
+                            {
+                                "request": "neurons",
+                                "driver": DRIVER,
+                                "pool": NODE,
+                                "device": d,
+                                **({"adminAccess": True} if admin else {}),
+                            }
                             for d in devices
                         ],
                         "config": config or [],
@@ -370,6 +377,47 @@ async def test_a_holder_that_cannot_be_read_still_holds(env: Env) -> None:
     result = (await p.prepare([second]))[second.uid]
     assert "already prepared for ResourceClaim default/first" in result.error
     assert set(p.checkpoint.claims) == {first.uid} and env.spec_path(first.uid).exists()
+
+
+async def test_admin_access_watches_devices_in_use_without_their_env(env: Env) -> None:
+    """A monitoring pod's claim (adminAccess) is prepared for devices other claims use, with
+    their device nodes and none of the runtime's env; it holds nothing, so the claims that
+    use the devices are prepared before and after it alike."""
+    user = env.claim("user", ["neurondevice3"])
+    monitor = env.claim("monitor", ["neurondevice2", "neurondevice3"], admin=True)
+    later = env.claim("later", ["neurondevice2"])
+    p = env.preparer()
+    ok((await p.prepare([user]))[user.uid])
+    devices = ok((await p.prepare([monitor]))[monitor.uid])
+    assert [d.device_name for d in devices] == ["neurondevice2", "neurondevice3"]
+    spec = json.loads(env.spec_path(monitor.uid).read_text())
+    assert env_of(spec) == {}
+    nodes = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert nodes == ["/dev/neuron2", "/dev/neuron3"]
+    ok((await p.prepare([later]))[later.uid])
+    assert set(p.checkpoint.claims) == {user.uid, monitor.uid, later.uid}
+    assert metric(p, "neuron_dra_prepare_errors_total", {"reason": "DeviceInUse"}) == 0
+    assert (await p.unprepare([monitor]))[monitor.uid].error == ""
+    assert set(p.checkpoint.claims) == {user.uid, later.uid}
+
+
+async def test_a_claim_mixing_admin_access_and_use_is_refused(env: Env) -> None:
+    ref = env.claim("mixed", ["neurondevice0", "neurondevice1"], allocate=False)
+    claim = env.api.get("resource.k8s.io/v1", "ResourceClaim", "mixed", "default")
+    result = {"request": "neurons", "driver": DRIVER, "pool": NODE}
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {**result, "device": "neurondevice0"},
+                    {**result, "device": "neurondevice1", "adminAccess": True},
+                ]
+            }
+        }
+    }
+    env.api.update_status(claim)
+    error = (await env.preparer().prepare([ref]))[ref.uid].error
+    assert "adminAccess and some without" in error and "separate claims" in error
 
 
 async def test_node_device_conflicts_with_single_devices(env: Env) -> None:
@@ -813,7 +861,7 @@ async def test_cancelled_prepare_keeps_memory_and_disk_in_step(
     assert env.claim_gets == gets
 
 
-# --- several plugin instances on one node (rolling update, kubelet-dra.md §4.4) -------------
+# --- several plugin instances on one node (rolling update, kubelet 1.33+) --------------------
 
 # Holds the node lock from another process: says so on stdout, lets go when stdin closes.
 LOCK_HOLDER = """

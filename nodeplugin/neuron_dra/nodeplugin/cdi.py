@@ -1,4 +1,4 @@
-"""CDI specs for prepared claims (DESIGN §3.5; format in reference/kubelet-dra.md §9).
+"""CDI specs for prepared claims (content: docs/configuration.md; format: the CDI spec 0.3-1.1).
 
 The pure part computes the spec (device nodes and the Neuron runtime's environment) from a
 ClaimPlan; the edge writes, removes and lists the per-claim spec files in the CDI directory
@@ -179,7 +179,7 @@ def _device_nodes(indices: Iterable[int], inventory: NodeInventory) -> list[dict
 
 
 def minimum_cdi_version(spec: Mapping[str, Any]) -> str:
-    """The oldest CDI spec version that can carry ``spec``'s content (reference §9.1).
+    """The oldest CDI spec version that can carry ``spec``'s content.
 
     Runtimes with an older CDI library reject newer version strings, so we declare the least.
     """
@@ -225,7 +225,9 @@ def cdi_spec_for(
     if not devices:
         raise CdiError(f"claim {plan.key}: no devices")
     scope = plan if env_indices is None else replace(plan, device_indices=tuple(env_indices))
-    env = claim_env(scope, inventory, topology=topology)
+    # An admin-access claim watches devices other claims use: their device nodes only, none
+    # of the runtime's settings (cores, LNC, ranks belong to the claims that use them).
+    env = {} if plan.admin_access else claim_env(scope, inventory, topology=topology)
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": cdi_kind,

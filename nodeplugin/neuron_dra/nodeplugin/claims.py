@@ -1,4 +1,4 @@
-"""From an allocated ResourceClaim to what this node must prepare (pure; DESIGN §3.3-3.5, §3.7).
+"""From an allocated ResourceClaim to what this node must prepare (pure).
 
 The scheduler has already picked devices; what it cannot know is checked here, before anything
 is written for the container:
@@ -100,10 +100,18 @@ class ClaimPlan:
     ultraserver_mode_nodes: int | None
     #: The UltraServer workload the devices are reserved for (and the claim belongs to).
     workload_id: str | None
+    #: Allocated with ``adminAccess`` (a monitoring pod's claim): the devices stay in use by
+    #: the claims that hold them; this claim gets their device nodes and no runtime env.
+    admin_access: bool = False
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def held_indices(self) -> tuple[int, ...]:
+        """The device indices the claim holds exclusively: none for admin access."""
+        return () if self.admin_access else self.device_indices
 
     @property
     def device_names(self) -> tuple[str, ...]:
@@ -323,10 +331,12 @@ def plan_claim_on(
         raise ClaimError(f"claim {key}: not allocated yet", permanent=False)
 
     by_device: dict[str, list[str]] = {}
+    admin = set()
     for result in _list(allocation.get("results")):
         result = _dict(result)
         if result.get("driver") != driver_name:
             continue  # another driver's devices in the same claim
+        admin.add(bool(result.get("adminAccess")))
         pool, device, request = (str(result.get(k) or "") for k in ("pool", "device", "request"))
         if pool != node:
             raise ClaimError(
@@ -338,6 +348,12 @@ def plan_claim_on(
             by_device[device].append(request)
     if not by_device:
         raise ClaimError(f"claim {key}: no devices of driver {driver_name} allocated")
+    if admin == {True, False}:
+        raise ClaimError(
+            f"claim {key}: some of its Neuron devices are allocated with adminAccess and "
+            "some without; a claim either watches devices (adminAccess, e.g. for "
+            "neuron-monitor) or uses them: put the two kinds of request in separate claims"
+        )
 
     try:
         node_facts = facts()
@@ -346,6 +362,20 @@ def plan_claim_on(
     profile = node_facts.profile
 
     indices = _device_indices(key, node, by_device, node_facts.device_indices, published)
+    if admin == {True}:
+        # Watching devices, not using them: any set, whoever holds them (a workload's
+        # reserved devices too), no runtime configuration (KEP-5018 admin access).
+        return ClaimPlan(
+            claim_uid=uid,
+            namespace=namespace,
+            name=name,
+            devices=_planned_devices(by_device),
+            device_indices=indices,
+            lnc=None,
+            ultraserver_mode_nodes=None,
+            workload_id=None,
+            admin_access=True,
+        )
     _check_connected(key, profile, by_device, indices)
 
     from neuron_dra.common.models.configs import NeuronConfig, UltraServerConfig
@@ -379,12 +409,18 @@ def plan_claim_on(
         claim_uid=uid,
         namespace=namespace,
         name=name,
-        devices=tuple((tuple(by_device[d]), d) for d in sorted(by_device, key=_device_sort_key)),
+        devices=_planned_devices(by_device),
         device_indices=indices,
         lnc=lnc,
         ultraserver_mode_nodes=mode,
         workload_id=workload_id,
     )
+
+
+def _planned_devices(
+    by_device: Mapping[str, Sequence[str]],
+) -> tuple[tuple[tuple[str, ...], str], ...]:
+    return tuple((tuple(by_device[d]), d) for d in sorted(by_device, key=_device_sort_key))
 
 
 def _device_sort_key(name: str) -> tuple[int, int, str]:

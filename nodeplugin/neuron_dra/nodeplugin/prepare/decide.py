@@ -66,7 +66,7 @@ def plan(
 
 def _base_request(name: str) -> str:
     # The kubelet matches containers' resources.claims[].request against base names; a
-    # "req/sub" name would leave the container without its devices (kubelet-dra.md §11.7).
+    # "req/sub" name would leave the container without its devices.
     return name.split("/", 1)[0]
 
 
@@ -95,7 +95,9 @@ def new_entry(
         namespace=plan.namespace,
         name=plan.name,
         devices=prepared_devices(plan, pool=pool, cdi_kind=cdi_kind),
-        device_indices=plan.device_indices,
+        # What the claim holds: an admin-access claim holds nothing, so it neither blocks
+        # nor is blocked by the claims using its devices.
+        device_indices=plan.held_indices,
         cdi_spec=spec,
         prepared_at=prepared_at,
     )

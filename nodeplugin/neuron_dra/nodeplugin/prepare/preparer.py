@@ -1,6 +1,6 @@
 """Claim preparation behind the kubelet's NodePrepareResources / NodeUnprepareResources.
 
-What the kubelet expects (reference/kubelet-dra.md §4.1-4.2, §11.5-11.8):
+What the kubelet expects (docs/architecture.md, "What the kubelet expects"):
 
 * an answer for every claim of the call within its 45 s deadline, each claim on its own:
   one claim's failure is that claim's ``error`` and never affects the others;
@@ -341,15 +341,16 @@ class Preparer:
                     outcomes[ref.uid] = _Outcome(exc, self._clock.now())
                     continue
                 items.append((ref, item))
-            plans = [item.plan for _, item in items]
-            batch = {p.claim_uid for p in plans}
+            # Admin-access claims carry no environment, and add none to their containers'.
+            plans = [item.plan for _, item in items if not item.plan.admin_access]
+            batch = {item.plan.claim_uid for _, item in items}
             entries = [
                 e
                 for e in self._state.checkpoint.claims.values()
-                if e.namespace == ns and e.uid not in batch
+                if e.namespace == ns and e.uid not in batch and e.device_indices
             ]
             pods: list[dict[str, Any]] = []
-            if containers.needs_pods(plans, len(entries)):
+            if plans and containers.needs_pods(plans, len(entries)):
                 try:
                     pods = await self._read_pods(ns, items, deadline)
                 except PrepareFailure as exc:
@@ -358,7 +359,7 @@ class Preparer:
                     continue
             decided = containers.env_indices(plans, entries, pods, self._env_of)
             for ref, item in items:
-                indices = decided[ref.uid]
+                indices = decided.get(ref.uid, item.plan.device_indices)
                 try:
                     if isinstance(indices, str):
                         raise PrepareFailure(
@@ -447,7 +448,7 @@ class Preparer:
     async def _released_holders(
         self, ready: Sequence[tuple[ClaimRef, _Specced]], deadline: float
     ) -> frozenset[str]:
-        wanted = [(ref.uid, item.plan.device_indices) for ref, item in ready]
+        wanted = [(ref.uid, item.plan.held_indices) for ref, item in ready]
         return await holders.released_holders(
             self._state.checkpoint,
             wanted,
@@ -485,7 +486,7 @@ class Preparer:
                 outcomes[ref.uid] = await self._settle(self._already_prepared(done))
                 continue
             plan = item.plan
-            refused = decide.conflict(pending, ref.uid, plan.device_indices)
+            refused = decide.conflict(pending, ref.uid, plan.held_indices)
             if refused is not None:
                 outcomes[ref.uid] = _Outcome(refused, self._clock.now())
                 continue

@@ -4,8 +4,10 @@ Covers what our users write: ``exactly`` requests (``ExactCount``/``All``, class
 selectors, tolerations of device taints) and ``firstAvailable`` subrequests (tried in order;
 results name ``req/sub``), ``matchAttribute`` (and ``distinctAttribute``) constraints, one node
 per claim, only the newest generation of each pool, devices in use unavailable. Class and claim
-configs are copied into the result as the scheduler does. ``adminAccess``, consumable capacity,
-partitionable devices (counters) and slices selected by node labels are not modelled.
+configs are copied into the result as the scheduler does. ``adminAccess`` requests take devices
+in use too, and their results (marked ``adminAccess``) leave the devices free for others.
+Consumable capacity, partitionable devices (counters) and slices selected by node labels are
+not modelled; nor is the namespace label admin access needs (the API server checks it).
 
 Search: nodes in name order, the first feasible one wins. Per node, requests are filled in
 order by backtracking; the candidates of a request are grouped by the values of the constrained
@@ -46,6 +48,7 @@ class AllocatedDevice:
     driver: str
     pool: str
     device: str
+    admin_access: bool = False
 
     @property
     def key(self) -> DeviceKey:
@@ -65,7 +68,8 @@ class AllocationResult:
 
     @property
     def device_keys(self) -> set[DeviceKey]:
-        return {d.key for d in self.devices}
+        """The devices the allocation puts in use (admin-access ones stay free)."""
+        return {d.key for d in self.devices if not d.admin_access}
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ class _Search:
 
     def _blocked(self, d: Device, alt: Alternative) -> bool:
         return (
-            d.key in self.unavailable
+            (d.key in self.unavailable and not alt.admin_access)
             or d.key in self.chosen
             or bool(d.untolerated_taints(alt.tolerations))
         )
@@ -308,7 +312,9 @@ def _result(
     warnings: Sequence[str],
 ) -> AllocationResult:
     devices = tuple(
-        AllocatedDevice(alt.name, d.driver, d.pool, d.name) for alt, devs in picks for d in devs
+        AllocatedDevice(alt.name, d.driver, d.pool, d.name, alt.admin_access)
+        for alt, devs in picks
+        for d in devs
     )
     config: list[dict[str, Any]] = []
     for alt, _ in picks:
@@ -329,7 +335,13 @@ def _result(
         config.append(item)
     device_section: dict[str, Any] = {
         "results": [
-            {"request": d.request, "driver": d.driver, "pool": d.pool, "device": d.device}
+            {
+                "request": d.request,
+                "driver": d.driver,
+                "pool": d.pool,
+                "device": d.device,
+                **({"adminAccess": True} if d.admin_access else {}),
+            }
             for d in devices
         ]
     }

@@ -210,6 +210,9 @@ class Alternative:
     all_mode: bool
     count: int
     tolerations: tuple[Mapping[str, Any], ...]
+    #: ``adminAccess`` (an ``exactly`` request only): devices in use are candidates too, and
+    #: the devices given are not in use for other claims.
+    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,7 @@ def _alternative(
         all_mode=mode == "All",
         count=count,
         tolerations=tuple(body.get("tolerations") or ()),
+        admin_access=body.get("adminAccess") is True,
     )
 
 

@@ -97,10 +97,12 @@ class _Assumed:
 
 
 def allocated_devices(claim: Mapping[str, Any]) -> set[DeviceKey]:
+    """The devices ``claim`` puts in use (an admin-access result does not)."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
     return {
         (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
         for r in (allocation.get("devices") or {}).get("results") or []
+        if not r.get("adminAccess")
     }
 
 
