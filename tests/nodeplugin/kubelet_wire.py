@@ -42,6 +42,8 @@ V1BETA1_UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepar
 GET_INFO = "/pluginregistration.Registration/GetInfo"
 NOTIFY = "/pluginregistration.Registration/NotifyRegistrationStatus"
 WATCH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
+#: dra-health v1 (1.37): the same messages under the package "v1".
+WATCH_V1 = "/v1.DRAResourceHealth/NodeWatchResources"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 PATHS = {
@@ -286,12 +288,13 @@ class WireDeviceHealth:
     health: int = UNKNOWN
     last_updated_time: int = 0
     health_check_timeout_seconds: int = 0
+    message: str = ""
 
 
 def decode_watch_response(buf: bytes) -> list[WireDeviceHealth]:
     """NodeWatchResourcesResponse {1 repeated DeviceHealth{1 DeviceIdentifier{1 pool,
     2 device}, 2 HealthStatus (varint enum), 3 int64 last_updated_time,
-    4 int64 health_check_timeout_seconds}}."""
+    4 int64 health_check_timeout_seconds, 5 string message}}."""
     out: list[WireDeviceHealth] = []
     for number, wt, value in fields(buf):
         if number != 1:
@@ -315,6 +318,9 @@ def decode_watch_response(buf: bytes) -> list[WireDeviceHealth]:
                     dh.last_updated_time = _int(x)
                 else:
                     dh.health_check_timeout_seconds = _int(x)
+            elif n == 5:
+                _expect(n, w, LEN, "DeviceHealth")
+                dh.message = _text(x)
         out.append(dh)
     return out
 

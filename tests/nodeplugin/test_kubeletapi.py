@@ -10,6 +10,7 @@ the same flows with stubs compiled from k8s.io/kubelet's own .proto files. ``Kub
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -240,6 +241,7 @@ async def test_health_service_is_advertised_only_when_served(
         assert info.supported_versions == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
 
@@ -567,31 +569,41 @@ async def test_start_twice_and_constructor_validation(
 
 
 # --------------------------------------------------------------------------------------
-# dra-health v1alpha1
+# dra-health v1 and v1alpha1
 # --------------------------------------------------------------------------------------
 
 H0 = DeviceHealthReport("node-1", "neuron-0", True, 1_700_000_000)
 H1 = DeviceHealthReport("node-1", "neuron-1", None, 1_700_000_001, timeout_seconds=60)
+#: A device's timeout when its report has none: 3 resend intervals (10 s by default).
+DEFAULT_TIMEOUT = 30
 
 
+@pytest.mark.parametrize("path", [wire.WATCH_V1, wire.WATCH], ids=["v1", "v1alpha1"])
 async def test_health_stream_sends_full_list_on_connect_and_on_change(
-    dirs: Dirs, backend: FakeBackend
+    dirs: Dirs, backend: FakeBackend, path: str
 ) -> None:
+    """Either version (a 1.37 kubelet opens v1, 1.34-1.36 ones v1alpha1) gives the same
+    complete lists, each device with its timeout and, when unhealthy, why."""
     board = HealthBoard([H0, H1])
     async with make_server(dirs, backend, health_source=board) as srv:
         async with wire.channel(srv.dra_socket) as ch:
-            call = wire.stream(ch, wire.WATCH, b"")
+            call = wire.stream(ch, path, b"")
             it = call.__aiter__()
             first = wire.decode_watch_response(await asyncio.wait_for(it.__anext__(), STEP))
             assert first == [
-                wire.WireDeviceHealth("node-1", "neuron-0", wire.HEALTHY, 1_700_000_000, 0),
+                wire.WireDeviceHealth(
+                    "node-1", "neuron-0", wire.HEALTHY, 1_700_000_000, DEFAULT_TIMEOUT
+                ),
                 wire.WireDeviceHealth("node-1", "neuron-1", wire.UNKNOWN, 1_700_000_001, 60),
             ]
-            board.put(DeviceHealthReport("node-1", "neuron-0", False, 1_700_000_100))
+            why = "sysfs stats/hardware/sram_ecc_uncorrected: 3; " + "x" * 2000
+            board.put(DeviceHealthReport("node-1", "neuron-0", False, 1_700_000_100, message=why))
             second = wire.decode_watch_response(await asyncio.wait_for(it.__anext__(), STEP))
+            # The kubelet keeps 1024 characters: a longer message is cut as it would cut it.
             assert second[0] == wire.WireDeviceHealth(
-                "node-1", "neuron-0", wire.UNHEALTHY, 1_700_000_100, 0
-            )
+                "node-1", "neuron-0", wire.UNHEALTHY, 1_700_000_100, DEFAULT_TIMEOUT,
+                why[:1021] + "...",
+            )  # fmt: skip
             assert second[1] == first[1]  # complete list every time
             call.cancel()  # the kubelet hangs up
         # A hung-up stream does not keep the server from stopping promptly.
@@ -676,8 +688,9 @@ async def test_kubelet_client_flow(dirs: Dirs, backend: FakeBackend) -> None:
                 await plugin.prepare([ClaimRef("ns", "", "x")])
             assert err.value.code == "INVALID_ARGUMENT"
 
-            reports = plugin.health_stream()
-            assert await asyncio.wait_for(anext(reports), STEP) == [H0]
+            reports = plugin.health_stream()  # over v1, the newest advertised
+            with_timeout = dataclasses.replace(H0, timeout_seconds=DEFAULT_TIMEOUT)
+            assert await asyncio.wait_for(anext(reports), STEP) == [with_timeout]
             await reports.aclose()
 
             # Registering the same endpoint again is refused, and the plugin is told.

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from neuron_dra.nodeplugin.kubeletapi import _proto
-from neuron_dra.nodeplugin.kubeletapi.model import DRA_VERSIONS
+from neuron_dra.nodeplugin.kubeletapi.model import DRA_VERSIONS, HEALTH_VERSIONS
 
 #: Module prefixes that only serving needs.
 SERVING_ONLY = ("grpc", "grpc_health", "google.protobuf", "aiohttp.web", "pydantic")
@@ -47,3 +47,4 @@ def test_the_entry_point_leaves_the_serving_stack_for_later() -> None:
 def test_advertised_versions_match_the_codecs_in_order() -> None:
     # PluginServer advertises DRA_VERSIONS without importing the codecs; they must agree.
     assert tuple(c.registration_name for c in _proto.DRA_CODECS) == DRA_VERSIONS
+    assert tuple(c.registration_name for c in _proto.HEALTH_CODECS) == HEALTH_VERSIONS

@@ -285,12 +285,20 @@ async def test_a_claim_shared_by_two_pods_is_prepared_once_and_kept_for_the_last
 def resource_health(sim: SimCluster, pod_name: str) -> dict[str, str]:
     """resourceID -> health, from the pod's ``allocatedResourcesStatus``. The kubelet names a
     device by its first CDI device id (``k8s.neuron.aws.com/claim=<claim uid>-<device>``)."""
+    return {k: health for k, (health, _) in resource_statuses(sim, pod_name).items()}
+
+
+def resource_statuses(sim: SimCluster, pod_name: str) -> dict[str, tuple[str, str]]:
+    """resourceID -> (health, message) from the pod's ``allocatedResourcesStatus``."""
     p = sim.pod(pod_name) or {}
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
     for status in (p.get("status") or {}).get("containerStatuses") or []:
         for entry in status.get("allocatedResourcesStatus") or []:
             for res in entry.get("resources") or []:
-                out[str(res.get("resourceID"))] = str(res.get("health"))
+                out[str(res.get("resourceID"))] = (
+                    str(res.get("health")),
+                    str(res.get("message") or ""),
+                )
     return out
 
 
@@ -310,8 +318,10 @@ async def test_an_unhealthy_device_shows_where_the_kubelet_can_show_it(
     sim: SimCluster, kubelet: str
 ) -> None:
     """From 1.36 (ResourceHealthStatus on by default) the kubelet reads our health stream
-    and puts the device's health in the pod's status; before, it opens no stream, the pod
-    status says nothing, and the ResourceSlice's ``healthy`` attribute is where it shows."""
+    (v1alpha1; a 1.37 kubelet takes v1, which we advertise beside it) and puts the device's
+    health in the pod's status, with the driver's reason as its message; before, it opens no
+    stream, the pod status says nothing, and the ResourceSlice's ``healthy`` attribute is
+    where it shows."""
     streams = tuple(int(p) for p in kubelet.split(".")) >= (1, 36)
     await sim.apply(template("one"))
     await sim.apply(pod("watched", "kn-1", template_name="one"))
@@ -338,6 +348,8 @@ async def test_an_unhealthy_device_shows_where_the_kubelet_can_show_it(
                 lambda: resource_health(sim, "watched").get(resource_id) == "Unhealthy",
                 "Unhealthy in the pod's allocatedResourcesStatus",
             )
+            _, message = resource_statuses(sim, "watched")[resource_id]
+            assert message == "unhealthy component: hbm", message
         else:
             assert resource_health(sim, "watched") == {}
             assert sim.running(["watched"]), "the pod runs on, nothing broken"

@@ -249,6 +249,7 @@ class KubeletPlugin:
                     device_name=f"neurondevice{d.index}",
                     healthy=d.healthy,
                     last_updated=int(time.time()),
+                    message="; ".join(d.unhealthy_reasons),
                 )
                 for d in inventory.devices
             )

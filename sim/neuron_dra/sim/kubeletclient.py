@@ -108,8 +108,14 @@ class DraPlugin:
             raise _rpc_error("NodeUnprepareResources", exc) from exc
 
     def health_stream(self) -> AsyncGenerator[list[DeviceHealthReport], None]:
-        """Complete device-health lists as the plugin sends them (dra-health v1alpha1)."""
-        return _proto.HealthStub(self._channel).watch()
+        """Complete device-health lists as the plugin sends them, over the newest dra-health
+        version it advertises (as a 1.37 kubelet picks: v1, else v1alpha1)."""
+        advertised = set(self.info.supported_versions)
+        codec = next(
+            (c for c in _proto.HEALTH_CODECS if c.registration_name in advertised),
+            _proto.HEALTH_V1ALPHA1,  # a 1.36 kubelet opens it whatever is advertised
+        )
+        return codec.stub(self._channel).watch()
 
     async def close(self) -> None:
         await self._channel.close()

@@ -24,12 +24,16 @@ from neuron_dra.proto.dra.v1 import api_pb2 as _v1
 from neuron_dra.proto.dra.v1 import api_pb2_grpc as _v1_grpc
 from neuron_dra.proto.dra.v1beta1 import api_pb2 as _v1beta1
 from neuron_dra.proto.dra.v1beta1 import api_pb2_grpc as _v1beta1_grpc
+from neuron_dra.proto.drahealth.v1 import api_pb2 as _health_v1
+from neuron_dra.proto.drahealth.v1 import api_pb2_grpc as _health_v1_grpc
 from neuron_dra.proto.drahealth.v1alpha1 import api_pb2 as _health
 from neuron_dra.proto.drahealth.v1alpha1 import api_pb2_grpc as _health_grpc
 from neuron_dra.proto.pluginregistration.v1 import api_pb2 as _reg
 from neuron_dra.proto.pluginregistration.v1 import api_pb2_grpc as _reg_grpc
 
 from .model import (
+    HEALTH_SERVICE,
+    HEALTH_V1_SERVICE,
     V1_SERVICE,
     V1BETA1_SERVICE,
     ClaimRef,
@@ -215,59 +219,87 @@ class RegistrationStub:
 
 
 # --------------------------------------------------------------------------------------
-# dra-health v1alpha1
+# dra-health (v1, v1alpha1)
 # --------------------------------------------------------------------------------------
 
-
-def add_health_servicer(servicer: object, server: Any) -> None:
-    """``servicer`` has an async-generator ``NodeWatchResources``."""
-    _health_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
-        servicer, server
-    )
+#: The kubelet keeps at most this many characters of a device's health message.
+HEALTH_MESSAGE_LIMIT: Final = 1024
 
 
-def _status(healthy: bool | None) -> _health.HealthStatus:
-    if healthy is None:
-        return _health.UNKNOWN
-    return _health.HEALTHY if healthy else _health.UNHEALTHY
+@dataclass(frozen=True)
+class HealthCodec:
+    """Translation for one dra-health version; v1 and v1alpha1 (at 1.36) have the same
+    messages under another package. See ``HEALTH_CODECS``."""
 
+    registration_name: str
+    _pb2: ModuleType
+    _pb2_grpc: ModuleType
 
-def watch_response(reports: Iterable[DeviceHealthReport]) -> Message:
-    return _health.NodeWatchResourcesResponse(
-        devices=[
-            _health.DeviceHealth(
-                device=_health.DeviceIdentifier(pool_name=r.pool_name, device_name=r.device_name),
-                health=_status(r.healthy),
-                last_updated_time=r.last_updated,
-                health_check_timeout_seconds=r.timeout_seconds,
-            )
-            for r in reports
-        ]
-    )
+    def add_servicer(self, servicer: object, server: Any) -> None:
+        """``servicer`` has an async-generator ``NodeWatchResources``."""
+        self._pb2_grpc.add_DRAResourceHealthServicer_to_server(servicer, server)
 
+    def _status(self, healthy: bool | None) -> Any:
+        if healthy is None:
+            return self._pb2.UNKNOWN
+        return self._pb2.HEALTHY if healthy else self._pb2.UNHEALTHY
 
-def _reports(resp: Message) -> list[DeviceHealthReport]:
-    decoded = {int(_health.HEALTHY): True, int(_health.UNHEALTHY): False}
-    return [
-        DeviceHealthReport(
-            pool_name=str(d.device.pool_name),
-            device_name=str(d.device.device_name),
-            healthy=decoded.get(int(d.health)),
-            last_updated=int(d.last_updated_time),
-            timeout_seconds=int(d.health_check_timeout_seconds),
+    def watch_response(self, reports: Iterable[DeviceHealthReport]) -> Message:
+        pb = self._pb2
+        return pb.NodeWatchResourcesResponse(
+            devices=[
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=r.pool_name, device_name=r.device_name),
+                    health=self._status(r.healthy),
+                    last_updated_time=r.last_updated,
+                    health_check_timeout_seconds=r.timeout_seconds,
+                    message=_cut(r.message),
+                )
+                for r in reports
+            ]
         )
-        for d in resp.devices
-    ]
+
+    def reports(self, resp: Message) -> list[DeviceHealthReport]:
+        decoded = {int(self._pb2.HEALTHY): True, int(self._pb2.UNHEALTHY): False}
+        return [
+            DeviceHealthReport(
+                pool_name=str(d.device.pool_name),
+                device_name=str(d.device.device_name),
+                healthy=decoded.get(int(d.health)),
+                last_updated=int(d.last_updated_time),
+                timeout_seconds=int(d.health_check_timeout_seconds),
+                message=str(d.message),
+            )
+            for d in resp.devices
+        ]
+
+    def stub(self, channel: Any) -> HealthStub:
+        return HealthStub(self, channel)
+
+
+def _cut(message: str) -> str:
+    """As the kubelet cuts it: longer than the limit ends in "..." within it."""
+    if len(message) <= HEALTH_MESSAGE_LIMIT:
+        return message
+    return message[: HEALTH_MESSAGE_LIMIT - 3] + "..."
+
+
+HEALTH_V1: Final = HealthCodec(HEALTH_V1_SERVICE, _health_v1, _health_v1_grpc)
+HEALTH_V1ALPHA1: Final = HealthCodec(HEALTH_SERVICE, _health, _health_grpc)
+#: In ``HEALTH_VERSIONS`` order.
+HEALTH_CODECS: Final = (HEALTH_V1, HEALTH_V1ALPHA1)
 
 
 class HealthStub:
-    def __init__(self, channel: Any) -> None:
-        self._stub = _health_grpc.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
+    def __init__(self, codec: HealthCodec, channel: Any) -> None:
+        self._codec = codec
+        self._stub = codec._pb2_grpc.DRAResourceHealthStub(channel)
 
     async def watch(self) -> AsyncGenerator[list[DeviceHealthReport], None]:
         """Each complete device list the plugin sends; ends with the stream."""
-        async for resp in self._stub.NodeWatchResources(_health.NodeWatchResourcesRequest()):
-            yield _reports(resp)
+        request = self._codec._pb2.NodeWatchResourcesRequest()
+        async for resp in self._stub.NodeWatchResources(request):
+            yield self._codec.reports(resp)
 
 
 # --------------------------------------------------------------------------------------

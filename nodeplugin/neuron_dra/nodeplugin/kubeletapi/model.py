@@ -17,7 +17,11 @@ DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 #: kubelet 1.34+ takes the first entry of our list that it supports, so v1 comes first.
 V1_SERVICE: Final = "v1.DRAPlugin"
 V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
+#: dra-health: a 1.37 kubelet prefers v1 when advertised, 1.34-1.36 kubelets know only
+#: v1alpha1 (a 1.36 kubelet opens it on every plugin, advertised or not). Both are served.
+HEALTH_V1_SERVICE: Final = "v1.DRAResourceHealth"
 HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
+HEALTH_VERSIONS: Final = (HEALTH_V1_SERVICE, HEALTH_SERVICE)
 #: The DRA versions we serve, in the order we advertise them (``_proto.DRA_CODECS`` has one
 #: codec for each, in this order).
 DRA_VERSIONS: Final = (V1_SERVICE, V1BETA1_SERVICE)
@@ -111,9 +115,12 @@ class DeviceHealthReport:
     healthy: bool | None
     #: Unix seconds when the status was determined.
     last_updated: int
-    #: 1.35+ kubelets mark the device Unknown after this long without a report; 0 keeps
-    #: the kubelet's default (30 s). Older kubelets skip the field.
+    #: 1.35+ kubelets mark the device Unknown after this long without a report; 0: the
+    #: stream's own (a few resend intervals). Older kubelets skip the field.
     timeout_seconds: int = 0
+    #: Why (for an unhealthy device: the driver's health signals); 1.36+ kubelets show it
+    #: in the pod's ``allocatedResourcesStatus``, older ones skip the field.
+    message: str = ""
 
 
 @dataclass(frozen=True)

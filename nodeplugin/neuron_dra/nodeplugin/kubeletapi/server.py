@@ -33,7 +33,7 @@ from .model import (
     DEFAULT_RESEND_INTERVAL,
     DRA_PLUGIN_TYPE,
     DRA_VERSIONS,
-    HEALTH_SERVICE,
+    HEALTH_VERSIONS,
     DriverBackend,
     HealthSource,
     PluginInfo,
@@ -126,7 +126,7 @@ class PluginServer:
     @property
     def supported_versions(self) -> tuple[str, ...]:
         # Only advertise what we serve: the kubelet may call any service we list.
-        return DRA_VERSIONS + ((HEALTH_SERVICE,) if self._health_source is not None else ())
+        return DRA_VERSIONS + (HEALTH_VERSIONS if self._health_source is not None else ())
 
     @property
     def plugin_info(self) -> PluginInfo:

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc.aio
 
-from ._proto import DRA_CODECS, GrpcHealth, add_health_servicer, add_registration_servicer
+from ._proto import DRA_CODECS, HEALTH_CODECS, GrpcHealth, add_registration_servicer
 from .dra import DraServicer
 from .health import HealthServicer
 from .model import DriverBackend, HealthSource, PluginInfo
@@ -30,7 +30,8 @@ def dra_server(
     stopping: asyncio.Event,
     resend_interval: float,
 ) -> tuple[Any, GrpcHealth]:
-    """The DRA server (v1 + v1beta1, grpc.health.v1, dra-health if ``health_source``), not
+    """The DRA server (v1 + v1beta1, grpc.health.v1, dra-health v1 + v1alpha1 if
+    ``health_source``), not
     started, and its grpc.health.v1 servicer."""
     server = grpc.aio.server()
     for codec in DRA_CODECS:
@@ -38,9 +39,12 @@ def dra_server(
     grpc_health = GrpcHealth()
     grpc_health.add_to(server)
     if health_source is not None:
-        add_health_servicer(
-            HealthServicer(health_source, stopping, resend_interval=resend_interval), server
-        )
+        # v1 and v1alpha1 on the same socket: whichever the kubelet opens gets the stream.
+        for health in HEALTH_CODECS:
+            health.add_servicer(
+                HealthServicer(health, health_source, stopping, resend_interval=resend_interval),
+                server,
+            )
     return server, grpc_health
 
 
