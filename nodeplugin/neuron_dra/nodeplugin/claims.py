@@ -362,25 +362,44 @@ def plan_claim_on(
     profile = node_facts.profile
 
     indices = _device_indices(key, node, by_device, node_facts.device_indices, published)
-    if admin == {True}:
+    admin_access = admin == {True}
+    if admin_access:
         # Watching devices, not using them: any set, whoever holds them (a workload's
         # reserved devices too), no runtime configuration (KEP-5018 admin access).
-        return ClaimPlan(
-            claim_uid=uid,
-            namespace=namespace,
-            name=name,
-            devices=_planned_devices(by_device),
-            device_indices=indices,
-            lnc=None,
-            ultraserver_mode_nodes=None,
-            workload_id=None,
-            admin_access=True,
+        lnc = mode = workload_id = None
+    else:
+        _check_connected(key, profile, by_device, indices)
+        lnc, mode = _runtime_settings(
+            key, _list(allocation.get("config")), by_device, node_facts, node, driver_name
         )
-    _check_connected(key, profile, by_device, indices)
+        workload_id = _check_workload(key, meta, by_device, indices, published)
+    return ClaimPlan(
+        claim_uid=uid,
+        namespace=namespace,
+        name=name,
+        devices=_planned_devices(by_device),
+        device_indices=indices,
+        lnc=lnc,
+        ultraserver_mode_nodes=mode,
+        workload_id=workload_id,
+        admin_access=admin_access,
+    )
 
+
+def _runtime_settings(
+    key: str,
+    config: list[Any],
+    by_device: Mapping[str, Sequence[str]],
+    node_facts: NodeFacts,
+    node: str,
+    driver_name: str,
+) -> tuple[int | None, int | None]:
+    """The claim's logicalNeuronCore and ultraserverMode from its opaque configs, checked
+    against the node (None: not configured)."""
     from neuron_dra.common.models.configs import NeuronConfig, UltraServerConfig
 
-    configs = _decode_configs(_list(allocation.get("config")), driver_name=driver_name, claim=key)
+    profile = node_facts.profile
+    configs = _decode_configs(config, driver_name=driver_name, claim=key)
     requests = sorted({r for rs in by_device.values() for r in rs})
     lnc_by_request: dict[str, tuple[int, _Config]] = {}
     mode_by_request: dict[str, tuple[int, _Config]] = {}
@@ -403,18 +422,7 @@ def plan_claim_on(
         )
     if mode is not None:
         _check_ultraserver(key, node, mode, node_facts)
-
-    workload_id = _check_workload(key, meta, by_device, indices, published)
-    return ClaimPlan(
-        claim_uid=uid,
-        namespace=namespace,
-        name=name,
-        devices=_planned_devices(by_device),
-        device_indices=indices,
-        lnc=lnc,
-        ultraserver_mode_nodes=mode,
-        workload_id=workload_id,
-    )
+    return lnc, mode
 
 
 def _planned_devices(
