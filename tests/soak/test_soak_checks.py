@@ -19,6 +19,7 @@ from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.invariants import (
     ContainerExpectation,
     container_differences,
+    converged_violations,
     expected_container,
 )
 from neuron_dra.sim.soak.options import Options
@@ -120,6 +121,19 @@ def test_the_checker_sees_orphans_and_tags_out_of_step(tmp_path: Path) -> None:
     snap = _snapshot(files={"n0": ({"u9": {"devices": []}}, set())}, slices=[tagged])
     kinds = {k for k, _ in soak.check_converged(snap)}
     assert kinds == {"checkpoint-cdi", "checkpoint-kubelet", "orphan-prepare", "workload-tags"}
+
+
+def test_a_claim_the_kubelet_holds_while_its_prepare_is_refused_is_no_orphan() -> None:
+    """A real kubelet records a claim before its Prepare succeeds: kept while the pod waits,
+    it is not an orphan; kept for a Running pod, it is (and the prepare is missing)."""
+    claim = _claim("c", "u1", [("n0", "neurondevice0")])
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "p1"}]
+    pod = {"metadata": {"name": "p", "uid": "p1"}, "status": {"phase": "Pending"}}
+    snap = _snapshot(claims=[claim], pods=[pod], files={"n0": ({}, set())})
+    assert converged_violations(snap, {"n0": {"u1"}}) == []
+    pod["status"]["phase"] = "Running"
+    kinds = {k for k, _ in converged_violations(snap, {"n0": {"u1"}})}
+    assert kinds == {"checkpoint-kubelet", "missing-prepare"}
 
 
 def test_the_fault_schedule_replays_from_the_seed(tmp_path: Path) -> None:

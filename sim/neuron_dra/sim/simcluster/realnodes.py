@@ -248,9 +248,19 @@ async def look_inside(
     while True:
         proc = await asyncio.create_subprocess_exec(
             str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig()),
+            f"--request-timeout={max(1, int(limit))}s",
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        out, err = await proc.communicate()
+        try:
+            # An exec into a node that is going down can hang past the request timeout
+            # (the stream is upgraded): bounded here too.
+            out, err = await asyncio.wait_for(proc.communicate(), limit + 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RuntimeError(
+                f"kubectl {' '.join(args[:4])}: no answer in {limit + 5:g} s"
+            ) from None
         if proc.returncode == 0:
             return parse_look_inside(out.decode(errors="replace"))
         message = err.decode(errors="replace").strip()

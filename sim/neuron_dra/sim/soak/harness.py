@@ -335,6 +335,7 @@ class Soak:
             tasks = [
                 asyncio.create_task(supervise(self), name="supervise"),
                 asyncio.create_task(settling.checker(self), name="checker"),
+                asyncio.create_task(settling.container_checker(self), name="containers"),
             ]
             injecting = asyncio.create_task(faults.inject(self, begin), name="faults")
             await churn(self, end)

@@ -168,8 +168,12 @@ def converged_violations(
         if ck != cdi:
             detail = f"checkpoint-only {sorted(ck - cdi)}, cdi-only {sorted(cdi - ck)}"
             out.append(("checkpoint-cdi", f"{node}: {detail}"))
-        if ck != kubelet:
-            detail = f"checkpoint-only {sorted(ck - kubelet)}, kubelet-only {sorted(kubelet - ck)}"
+        # A real kubelet records a claim before its Prepare succeeds: one it holds for a pod
+        # that is not running (its Prepare refused, say) is not an orphan; one the plugin
+        # holds and the kubelet does not is (nobody will unprepare it).
+        kubelet_only = (kubelet - ck) & expected
+        if ck - kubelet or kubelet_only:
+            detail = f"checkpoint-only {sorted(ck - kubelet)}, kubelet-only {sorted(kubelet_only)}"
             out.append(("checkpoint-kubelet", f"{node}: {detail}"))
         if expected - ck:
             out.append(("missing-prepare", f"{node}: {sorted(expected - ck)}"))

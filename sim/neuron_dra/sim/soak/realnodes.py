@@ -45,7 +45,7 @@ _KILLED = {KUBELET_KILL: KUBELET, CONTAINERD_KILL: CONTAINERD}
 #: The kubelet's record of the claims it prepared (pkg/kubelet/cm/dra/state).
 KUBELET_DRA_STATE = "/var/lib/kubelet/dra_manager_state"
 #: New containers looked into per check round: the rest wait for the next round, so one
-#: round stays short on a busy machine (each look is a ``kubectl exec``).
+#: round stays short on a busy machine (each look is a ``kubectl exec``, bounded in time).
 _LOOKS_PER_ROUND = 4
 _LOOK_LIMIT = 5.0
 

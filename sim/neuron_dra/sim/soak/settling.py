@@ -97,6 +97,7 @@ def check_frees(soak: Soak, snap: JsonDict, *, final: bool = False) -> None:
 
 
 async def checker(soak: Soak) -> None:
+    """The checks that hold at every instant, every 3 s."""
     reported: set[tuple[str, str]] = set()
     while not soak.stopping.is_set():
         await asyncio.sleep(3.0)
@@ -105,14 +106,30 @@ async def checker(soak: Soak) -> None:
         except Exception:
             continue  # the API server may be down
         soak.checks += 1
-        found = always_violations(snap)
-        found += await soak.node_side.check_containers(snap, every=False)
-        for kind, detail in found:
-            # The same instance stays visible for a few rounds: report it once.
-            if (kind, detail) not in reported:
-                reported.add((kind, detail))
-                soak.violate(kind, detail)
+        _report_once(soak, always_violations(snap), reported)
         check_frees(soak, snap)
+
+
+async def container_checker(soak: Soak) -> None:
+    """Each new Running container looked into (real nodes; a ``kubectl exec`` each, so in a
+    loop of its own: a slow look never delays the checks above)."""
+    reported: set[tuple[str, str]] = set()
+    while not soak.stopping.is_set():
+        await asyncio.sleep(3.0)
+        try:
+            snap = await snapshot(soak)
+        except Exception:
+            continue
+        found = await soak.node_side.check_containers(snap, every=False)
+        _report_once(soak, found, reported)
+
+
+def _report_once(soak: Soak, found: list[tuple[str, str]], reported: set[tuple[str, str]]) -> None:
+    for kind, detail in found:
+        # The same instance stays visible for a few rounds: report it once.
+        if (kind, detail) not in reported:
+            reported.add((kind, detail))
+            soak.violate(kind, detail)
 
 
 async def controller_settled(soak: Soak) -> bool | str:
