@@ -44,6 +44,7 @@ from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.models.crds import NeuronUltraServer, NeuronUltraServerWorkload
 from neuron_dra.common.ultraserver import node_reservations, workload_id
 from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.caches import DeviceClaimStore, claim_nodes_in_use, slim_claim
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.workloads import (
     ALLOCATED,
@@ -316,6 +317,26 @@ class Cluster:
             }
         )
 
+    def create_plain_claim(self, name: str, node: str, device: str = "neurondevice3") -> None:
+        """A claim of no workload, allocated one device of ``node`` (a plain pod's)."""
+        claim = self.server.create(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "d", "exactly": {"deviceClassName": "neuron.aws.com"}}
+                        ]
+                    }
+                },
+            }
+        )
+        result = {"request": "d", "driver": "neuron.aws.com", "pool": node, "device": device}
+        claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+        self.server.update_status(claim)
+
     def create_claim_with_pod(self, name: str, wid: str, node: str, ns: str = NS) -> None:
         pod = self.server.create(
             {
@@ -411,6 +432,7 @@ class Controller:
                 clock=self.clock,
             ),
             clock=self.clock,
+            device_claims=DeviceClaimStore(),
         )
         metrics = ReflectorMetrics(CollectorRegistry())
         self.sources: list[tuple[Reflector, str, str, str | None]] = []
@@ -441,6 +463,14 @@ class Controller:
             # The manager watches only claims with the workload-id label; every claim these
             # tests create carries one.
             (RESOURCE_CLAIMS, self.ctx.claims, "resource.k8s.io/v1", "ResourceClaim", None),
+            # Every claim, slim: the nodes plain claims use (the manager's second claim watch).
+            (
+                RESOURCE_CLAIMS,
+                self.ctx.device_claims,
+                "resource.k8s.io/v1",
+                "ResourceClaim",
+                None,
+            ),
         ):
             r = Reflector(
                 self.kube.resource(api),
@@ -784,6 +814,48 @@ async def test_pending_until_capacity_appears(ctl: Controller, cluster: Cluster)
     assert ctl.reconciler.pending_keys() == []
     assert ctl.reconciler.keys_for_ultraserver(cluster.nus("us-c")) == {key}
     cluster.assert_no_double_booking()
+
+
+async def test_ultraservers_whose_devices_plain_claims_use_are_left_out(
+    ctl: Controller, cluster: Cluster
+) -> None:
+    """A plain claim's pod on a node: an UltraServer unit there would wait until it goes
+    (a workload's claims take whole nodes), so the allocator takes another one, and a gang
+    that needs it waits; when the claim goes, the gang is allocated."""
+    cluster.add_ultraserver("us-a")
+    cluster.add_ultraserver("us-b")
+    cluster.create_plain_claim("plain", "us-a-n2")
+    await allocate(ctl, cluster, "one", size=4, count=1)
+    assert [us for us, _ in cluster.entries(f"{NS}/one")] == ["us-b"]
+    cluster.create_workload("two", size=4, count=1)
+    key = f"{NS}/two"
+    await ctl.converge(key)
+    assert state(cluster, "two") == PENDING
+    cond = condition(cluster, "two", "Allocated")
+    assert "1 are busy" in cond["message"] or "2 are busy" in cond["message"], cond
+    cluster.server.delete("resource.k8s.io/v1", "ResourceClaim", "plain", NS)
+    await ctl.converge(key)
+    assert state(cluster, "two") == ALLOCATED
+    assert [us for us, _ in cluster.entries(key)] == ["us-a"]
+    cluster.assert_no_double_booking()
+
+
+def test_a_slim_claim_says_which_nodes_plain_claims_use() -> None:
+    def claim(labels: dict[str, str], *results: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "c", "namespace": NS, "uid": "u", "labels": labels},
+            "spec": {"devices": {}},
+            "status": {"allocation": {"devices": {"results": list(results)}}},
+        }
+
+    ours = {"driver": "neuron.aws.com", "pool": "n1", "device": "neurondevice0"}
+    other = {"driver": "gpu.example.com", "pool": "n2", "device": "gpu0"}
+    admin = {**ours, "pool": "n3", "adminAccess": True}
+    slim = slim_claim(claim({"team": "x"}, ours, other, admin))
+    assert slim["neuronNodes"] == ["n1"] and "spec" not in slim and "labels" not in slim["metadata"]
+    assert claim_nodes_in_use(slim) == ["n1"] and slim_claim(slim) is slim
+    workload = slim_claim(claim({LABEL_WORKLOAD_ID: "w-1"}, ours))
+    assert claim_nodes_in_use(workload) == []
 
 
 async def test_more_than_the_cluster_has_says_so(ctl: Controller, cluster: Cluster) -> None:

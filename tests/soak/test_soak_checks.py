@@ -136,6 +136,20 @@ def test_a_claim_the_kubelet_holds_while_its_prepare_is_refused_is_no_orphan() -
     assert kinds == {"checkpoint-kubelet", "missing-prepare"}
 
 
+def test_an_allocated_workloads_pods_must_run_once_settled() -> None:
+    workload = {
+        "metadata": {"name": "w"},
+        "spec": {"serverCount": 1, "topologySize": 4},
+        "status": {"state": "Allocated"},
+    }
+    meta = {"name": "w-0", "uid": "p0", "labels": {"workload": "w"}}
+    pod = {"metadata": meta, "status": {"phase": "Pending"}}
+    snap = _snapshot(workloads=[workload], pods=[pod])
+    assert {k for k, _ in converged_violations(snap, {})} == {"workload-pod-not-running"}
+    pod["status"]["phase"] = "Running"
+    assert converged_violations(snap, {}) == []
+
+
 def test_the_fault_schedule_replays_from_the_seed(tmp_path: Path) -> None:
     def plan(seed: int) -> list[Fault]:
         return Soak(Options(nodes=8, seed=seed, minutes=5, workdir=tmp_path)).plan_faults()

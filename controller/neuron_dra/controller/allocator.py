@@ -361,6 +361,7 @@ def _server_state(
     nus: Mapping[str, Any],
     holder: Callable[[str], str | None],
     healthy: Callable[[str], bool],
+    in_use: Callable[[str], bool] = lambda _name: False,
 ) -> UltraServerState:
     spec = nus.get("spec") or {}
     nodes = []
@@ -372,6 +373,7 @@ def _server_state(
                 node_id=int(entry.get("nodeId", -1)),
                 healthy=healthy(name) and not _link_down(entry),
                 reserved_by=holder(name),
+                in_use=in_use(name),
             )
         )
     return UltraServerState(
@@ -421,8 +423,13 @@ class ServerCache:
     health of its members, and who holds each member according to *any* object.
     """
 
-    def __init__(self, node_health: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        node_health: Callable[[str], bool],
+        node_in_use: Callable[[str], bool] = lambda _name: False,
+    ) -> None:
         self._health = node_health
+        self._in_use = node_in_use
         #: key -> the object as last put.
         self._objects: dict[str, Mapping[str, Any]] = {}
         #: node name -> keys of the objects whose topology lists it.
@@ -473,7 +480,7 @@ class ServerCache:
             self._dirty.update(self._listed_by.get(node, ()))
 
     def node_changed(self, node: str) -> None:
-        """``node``'s health may have changed."""
+        """``node``'s health, or whether its devices are in use, may have changed."""
         self._dirty.update(self._listed_by.get(node, ()))
 
     def changes(self) -> list[tuple[str, UltraServerState | None]]:
@@ -489,7 +496,7 @@ class ServerCache:
                     del self._states[key]
                     out.append((old.name, None))
                 continue
-            state = _server_state(nus, self._holder, self._health)
+            state = _server_state(nus, self._holder, self._health, self._in_use)
             if old is not None and state == old:
                 continue  # keep the old object: what was derived from it still holds
             self._states[key] = state

@@ -25,6 +25,8 @@ from neuron_dra.common.constants import (
     ATTR_ULTRASERVER_NODE_ID,
     ATTR_WORKLOAD_ID,
     ATTRIBUTE_DOMAIN,
+    DRIVER_NAME,
+    LABEL_WORKLOAD_ID,
 )
 from neuron_dra.common.k8s.cache import Delta, Store
 from neuron_dra.common.k8s.client import ApiResource, KubeClient, ResourceClient
@@ -197,6 +199,52 @@ class SlimStore(Store):
 
     def replace(self, objs: Iterable[JsonDict], rv: str) -> list[Delta]:
         return super().replace((self._slim(o) for o in objs), rv)
+
+
+def slim_claim(obj: JsonDict) -> JsonDict:
+    """A ResourceClaim cut down to what tells the allocator a node is in use: its identity,
+    its workload label, and ``neuronNodes``: the nodes where it holds devices of our driver
+    (admin-access results hold none). The claim's spec and status go."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    assert isinstance(meta, dict)
+    if "neuronNodes" in obj:
+        return obj  # slimmed as its LIST page arrived
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    assert isinstance(labels, dict)
+    allocation = ((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    nodes = sorted(
+        {
+            sys.intern(str(r.get("pool")))
+            for r in allocation.get("results") or []
+            if isinstance(r, dict) and r.get("driver") == DRIVER_NAME and not r.get("adminAccess")
+        }
+    )
+    kept_labels = {k: v for k, v in labels.items() if k == LABEL_WORKLOAD_ID}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+        }
+        | ({"labels": kept_labels} if kept_labels else {}),
+        "neuronNodes": nodes,
+    }
+
+
+def claim_nodes_in_use(claim: Mapping[str, Any]) -> list[str]:
+    """The nodes a (slim) claim keeps from UltraServer workloads: those where a claim of no
+    workload holds our devices. A workload's own claims use the nodes it reserved."""
+    labels = (claim.get("metadata") or {}).get("labels") or {}
+    if labels.get(LABEL_WORKLOAD_ID):
+        return []
+    return [str(n) for n in claim.get("neuronNodes") or []]
+
+
+class DeviceClaimStore(SlimStore):
+    """Every ResourceClaim, as ``slim_claim``: where our devices are in use."""
+
+    def __init__(self) -> None:
+        super().__init__(slim_claim)
 
 
 class SliceStore(SlimStore):

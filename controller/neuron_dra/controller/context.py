@@ -41,3 +41,6 @@ class ControllerContext:
     #: ResourceClaims of UltraServer workloads (label ``neuron.aws.com/workload-id``; keys
     #: "namespace/name"): where pods' claims were allocated, to move strays.
     claims: Store = field(default_factory=Store)
+    #: Every ResourceClaim, slim (``caches.slim_claim``): the nodes whose Neuron devices
+    #: claims of no workload use, which the allocator leaves out.
+    device_claims: Store = field(default_factory=Store)

@@ -46,9 +46,12 @@ from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from neuron_dra.common.ultraserver import node_reservations, workload_id
 from neuron_dra.controller.caches import (
+    DeviceClaimStore,
     NodeStore,
     SliceStore,
     SlimListClient,
+    claim_nodes_in_use,
+    slim_claim,
     slim_node,
     slim_slice,
 )
@@ -138,6 +141,7 @@ class ControllerManager:
             namespace=config.namespace,
             slices=SliceStore(),
             nodes=NodeStore(),
+            device_claims=DeviceClaimStore(),
         )
         self.ctx.ultraservers.add_index(NUS_BY_HELD_NODE, _held_nodes)
         self.ctx.workloads.add_index(WORKLOAD_BY_ID, _workload_id)
@@ -190,8 +194,15 @@ class ControllerManager:
                 label_selector=LABEL_WORKLOAD_ID,
                 metrics=reflector_metrics,
             ),
+            # Every claim, slim: which nodes' devices claims of no workload use.
+            Reflector(
+                SlimListClient(kube, RESOURCE_CLAIMS, slim_claim),
+                ctx.device_claims,
+                name="resourceclaims-in-use",
+                metrics=reflector_metrics,
+            ),
         ]
-        slices, nodes, nus, nusw, rcts, claims = self.reflectors
+        slices, nodes, nus, nusw, rcts, claims, device_claims = self.reflectors
         slices.add_handler(
             on_add=self._on_slice, on_update=self._on_slice_update, on_delete=self._on_slice
         )
@@ -211,6 +222,11 @@ class ControllerManager:
         )
         claims.add_handler(
             on_add=self._on_claim, on_update=lambda _o, n: self._on_claim(n), on_delete=None
+        )
+        device_claims.add_handler(
+            on_add=self._on_device_claim,
+            on_update=self._on_device_claim_update,
+            on_delete=self._on_device_claim,
         )
         self.http = HttpServer(registry=registry)
         self.http.add_liveness("reflectors", self._reflectors_alive)
@@ -320,6 +336,21 @@ class ControllerManager:
         if not ((claim.get("status") or {}).get("allocation")):
             return
         for key in keys:
+            self.workload_queue.add(key)
+
+    def _on_device_claim(self, claim: JsonDict) -> None:
+        if claim_nodes_in_use(claim):
+            self._nodes_in_use_changed()
+
+    def _on_device_claim_update(self, old: JsonDict, new: JsonDict) -> None:
+        if claim_nodes_in_use(old) != claim_nodes_in_use(new):
+            self._nodes_in_use_changed()
+
+    def _nodes_in_use_changed(self) -> None:
+        """Claims of no workload took or gave back a node's devices: the free units change,
+        and a workload waiting for capacity may fit now."""
+        self._fleet_changed()
+        for key in self.workloads.pending_keys():
             self.workload_queue.add(key)
 
     def _on_template(self, obj: JsonDict) -> None:

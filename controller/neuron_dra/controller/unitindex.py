@@ -52,7 +52,7 @@ class Inventory:
     """What exists of one instance type, for the person reading why a workload waits."""
 
     servers: int
-    #: UltraServers with at least one reserved node.
+    #: UltraServers with at least one reserved node, or one whose devices other claims use.
     busy: int
     #: UltraServers with at least one unhealthy or unusable node.
     sick: int
@@ -290,7 +290,7 @@ class UnitIndex:
     def _account(self, state: UltraServerState, sign: int) -> None:
         itype = state.instance_type
         _bump(self._servers, itype, sign)
-        if any(n.reserved_by is not None for n in state.nodes):
+        if any(n.reserved_by is not None or n.in_use for n in state.nodes):
             _bump(self._busy, itype, sign)
         if any(not n.healthy for n in state.nodes):
             _bump(self._sick, itype, sign)

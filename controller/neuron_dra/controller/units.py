@@ -36,10 +36,14 @@ class NodeState:
     healthy: bool
     #: workloadRef ("ns/name") holding the node, else None.
     reserved_by: str | None
+    #: Some of its Neuron devices are allocated to claims of no workload (a plain claim's
+    #: pod runs there): a unit reserved on it would wait until they go, since a workload's
+    #: claims take whole nodes. Like a reservation, it passes (capacity still counts it).
+    in_use: bool = False
 
     @property
     def free(self) -> bool:
-        return self.healthy and self.reserved_by is None
+        return self.healthy and self.reserved_by is None and not self.in_use
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,14 @@ a decision does not re-derive 2,500 UltraServers.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from neuron_dra.common.k8s.cache import Store
 from neuron_dra.common.k8s.client import object_key, resource_version
 from neuron_dra.controller import allocator
+from neuron_dra.controller.caches import claim_nodes_in_use
 from neuron_dra.controller.context import ControllerContext
 from neuron_dra.controller.storechanges import StoreChanges
 from neuron_dra.controller.unitindex import UnitIndex
@@ -35,6 +37,15 @@ from .model import (
     slice_node,
     slice_node_name,
 )
+
+#: Index of ``ctx.device_claims``: node → claims of no workload holding its devices.
+CLAIMS_BY_NODE_IN_USE = "controller/claims-by-node-in-use"
+
+
+def _first_node_in_use(claim: Mapping[str, Any]) -> str | None:
+    # A claim's devices are on one node (node-local devices), so one name stands for it.
+    nodes = claim_nodes_in_use(claim)
+    return nodes[0] if nodes else None
 
 
 def _rv_int(obj: JsonDict) -> int | None:
@@ -111,7 +122,10 @@ class Fleet:
         self._slice_changes = StoreChanges(ctx.slices, slice_node_name)
         # NUS objects → states (``_servers``) → free units (``units``), from what changed.
         self._nus_changes = StoreChanges(ctx.ultraservers)
-        self._servers = allocator.ServerCache(lambda n: self._problem_of(n) is None)
+        if CLAIMS_BY_NODE_IN_USE not in ctx.device_claims.index_names():
+            ctx.device_claims.add_index(CLAIMS_BY_NODE_IN_USE, claim_nodes_in_use)
+        self._claim_changes = StoreChanges(ctx.device_claims, _first_node_in_use)
+        self._servers = allocator.ServerCache(lambda n: self._problem_of(n) is None, self._in_use)
         self.units = UnitIndex()
         #: NUS key → the object as last synced; what the objects say in total: how many
         #: are of each ``nus_instance_type`` (the Validator's "discovered types") and how
@@ -138,7 +152,8 @@ class Fleet:
 
     def caches_synced(self) -> bool:
         ctx = self.ctx
-        return all(s.has_synced() for s in (ctx.slices, ctx.nodes, ctx.ultraservers, ctx.workloads))
+        stores = (ctx.slices, ctx.nodes, ctx.ultraservers, ctx.workloads, ctx.device_claims)
+        return all(s.has_synced() for s in stores)
 
     def ultraservers(self) -> list[JsonDict]:
         return self._nus_overlay.list(self.ctx.ultraservers)
@@ -184,10 +199,16 @@ class Fleet:
     # --- node health -----------------------------------------------------------------------
 
     def _refresh_health(self) -> None:
-        """Forget what was remembered about nodes whose Node or slices changed."""
+        """Forget what was remembered about nodes whose Node or slices changed; note the
+        nodes whose devices claims of no workload took or gave back."""
         for node in self._node_changes.drain() | self._slice_changes.drain():
             self._problems.pop(node, None)
             self._servers.node_changed(node)
+        for node in self._claim_changes.drain():
+            self._servers.node_changed(node)
+
+    def _in_use(self, node: str) -> bool:
+        return bool(self.ctx.device_claims.index_keys(CLAIMS_BY_NODE_IN_USE, node))
 
     def node_problems(self, names: Iterable[str]) -> dict[str, str]:
         """``node_problem`` of each node that has one, remembered until its Node or

@@ -179,6 +179,21 @@ def converged_violations(
             out.append(("missing-prepare", f"{node}: {sorted(expected - ck)}"))
         if ck - set(claims):
             out.append(("orphan-prepare", f"{node}: {sorted(ck - set(claims))}"))
+    # An Allocated workload's pods run (once settled): its units are whole nodes it holds,
+    # so nothing may keep its claims from being prepared.
+    allocated = {
+        str(w["metadata"]["name"])
+        for w in snap["workloads"]
+        if (w.get("status") or {}).get("state") == "Allocated"
+        and not w["metadata"].get("deletionTimestamp")
+    }
+    for p in snap["pods"]:
+        owner = (p["metadata"].get("labels") or {}).get("workload")
+        phase = (p.get("status") or {}).get("phase")
+        if owner in allocated and phase != "Running" and not p["metadata"].get("deletionTimestamp"):
+            out.append(
+                ("workload-pod-not-running", f"pod {p['metadata']['name']} of {owner}: {phase}")
+            )
     live = {
         str(w["status"]["workloadId"])
         for w in snap["workloads"]
