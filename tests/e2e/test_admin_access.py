@@ -6,6 +6,7 @@ nodes and none of the runtime's environment, and the devices stay usable by othe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from neuron_dra.common.k8s.errors import AlreadyExistsError
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster
+from neuron_dra.sim.simcluster.realworld import SERVICE_ACCOUNTS
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -91,6 +93,8 @@ async def test_a_monitor_watches_devices_in_use_without_their_env(walk: Walkthro
     user_env = (await walk.view(user)).env
     with contextlib.suppress(AlreadyExistsError):
         await sim.apply(namespace)
+    if sim.is_real:
+        await _default_service_account(sim, ns)
     try:
         await sim.apply(watch, ns)
         await sim.apply(monitor, ns)
@@ -113,6 +117,19 @@ async def test_a_monitor_watches_devices_in_use_without_their_env(walk: Walkthro
 
 def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return list(claim["status"]["allocation"]["devices"]["results"])
+
+
+async def _default_service_account(sim: SimCluster, ns: str) -> None:
+    """The ``default`` ServiceAccount of a new namespace (the controller-manager makes it a
+    moment after the namespace; a pod is refused until then), awaited with a watch."""
+    assert sim.kube is not None
+    api = sim.kube.resource(SERVICE_ACCOUNTS)
+    async with asyncio.timeout(60):
+        stream = await api.watch(ns, field_selector="metadata.name=default")
+        async with stream:
+            async for event in stream:
+                if event.type == "ADDED":
+                    return
 
 
 async def _remove(sim: SimCluster, ns: str, template: str) -> None:

@@ -36,7 +36,13 @@ from typing import Any, Self, TypeVar
 
 import yaml
 from neuron_dra.common.constants import DRIVER_NAMESPACE
-from neuron_dra.common.k8s.client import ApiResource, KubeClient, ResourceClient, connect
+from neuron_dra.common.k8s.client import (
+    NAMESPACES,
+    ApiResource,
+    KubeClient,
+    ResourceClient,
+    connect,
+)
 from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.sim.controlplane import (
     ControlPlane,
@@ -425,8 +431,9 @@ class SimCluster(ClusterReads):
         assert self.kube is not None
         if self.mirror is not None:
             res = self.mirror.resource(api_version, kind)
-            if res is None and (api_version, kind) == (DEPLOYMENTS.api_version, DEPLOYMENTS.kind):
-                res = DEPLOYMENTS
+            for unmirrored in (DEPLOYMENTS, NAMESPACES):  # served, not mirrored
+                if res is None and (api_version, kind) == (unmirrored.api_version, unmirrored.kind):
+                    res = unmirrored
             if res is None:
                 raise KeyError(f"the simulated cluster does not handle {api_version} {kind}")
             return self.kube.resource(res), res.namespaced
