@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +72,8 @@ class RealSoakNodes:
         self.held: set[tuple[str, str]] = set()
         #: Containers already looked into (their ids: a container restarted is a new one).
         self.looked: set[str] = set()
+        #: Looks that failed (the pod went, the API server was down ...), by their error.
+        self.look_failures: Counter[str] = Counter()
         profile = profile_for(INSTANCE_TYPE)
         self.cores_per_device = profile.cores_per_device // profile.default_lnc
 
@@ -223,8 +226,12 @@ class RealSoakNodes:
                 looks += 1
                 try:
                     seen = await look_inside(soak.cp, pod, str(cs["name"]), _LOOK_LIMIT)
-                except RuntimeError:
-                    continue  # gone, restarting, or the API server down: a later round
+                except RuntimeError as exc:
+                    # Gone, restarting, or the API server down: a later round looks again.
+                    reason = str(exc).split("\n")[0][:160]
+                    self.look_failures[reason] += 1
+                    soak.event(f"look into pod {pod['metadata']['name']} failed: {reason}")
+                    continue
                 self.looked.add(cid)
                 for diff in invariants.container_differences(want, seen):
                     out.append(("container", f"pod {pod['metadata']['name']}: {diff}"))
