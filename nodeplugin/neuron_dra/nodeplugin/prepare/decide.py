@@ -148,6 +148,26 @@ def holder_released(entry: ckpt.ClaimEntry, claim: Mapping[str, Any] | None) -> 
     return not (claim.get("status") or {}).get("allocation")
 
 
+def reservation_failure(plan: ClaimPlan, why: str, *, retryable: bool) -> PrepareFailure:
+    """How a claim whose place in its workload cannot be told (``why``) fails: retryably,
+    saying to wait, while the controller completes the record; for good when the tag is
+    stale (the reservation provider says which)."""
+    if retryable:
+        return PrepareFailure(
+            f"ResourceClaim {plan.key}: {why}; the controller completes the record "
+            "shortly and the kubelet's next try prepares the claim: wait",
+            reason="ReservationIncomplete",
+            permanent=False,
+            event=True,
+        )
+    return PrepareFailure(
+        f"ResourceClaim {plan.key}: {why}; the controller moves the claim",
+        reason="StaleReservation",
+        permanent=True,
+        event=True,
+    )
+
+
 def answer(entry: ckpt.ClaimEntry) -> PrepareResult:
     """The kubelet's answer for a prepared claim: the same for every repeat."""
     return PrepareResult(

@@ -327,6 +327,9 @@ class Preparer:
         when a container could get more or fewer devices than the claim holds. A claim no
         environment can be right for fails (``outcomes``), alone."""
         out: list[tuple[ClaimRef, _Specced]] = []
+        # Each claim's place in its workload, asked once: its environment and its spec are
+        # built from the same answer.
+        peers: dict[str, UltraServerPeers | None] = {}
         namespaces = dict.fromkeys(item.plan.namespace for _, item in read)
         for ns in namespaces:
             items = []
@@ -336,7 +339,7 @@ class Preparer:
                 # The workload's record first: refused (retryably, while the controller
                 # completes it) before any environment is computed from it.
                 try:
-                    self._peers(item.plan)
+                    peers[item.plan.claim_uid] = self._peers(item.plan)
                 except PrepareFailure as exc:
                     outcomes[ref.uid] = _Outcome(exc, self._clock.now())
                     continue
@@ -357,7 +360,12 @@ class Preparer:
                     for ref, _ in items:
                         outcomes[ref.uid] = _Outcome(exc, self._clock.now())
                     continue
-            decided = containers.env_indices(plans, entries, pods, self._env_of)
+            decided = containers.env_indices(
+                plans,
+                entries,
+                pods,
+                lambda plan, indices: self._env_of(plan, indices, peers[plan.claim_uid]),
+            )
             for ref, item in items:
                 indices = decided.get(ref.uid, item.plan.device_indices)
                 try:
@@ -368,7 +376,7 @@ class Preparer:
                             permanent=True,
                             event=True,
                         )
-                    spec = self._spec(item.plan, indices)
+                    spec = self._spec(item.plan, indices, peers[item.plan.claim_uid])
                 except PrepareFailure as exc:
                     outcomes[ref.uid] = _Outcome(exc, self._clock.now())
                     continue
@@ -402,38 +410,27 @@ class Preparer:
         try:
             return self._topology(plan)
         except ReservationError as exc:
-            if exc.retryable:
-                raise PrepareFailure(
-                    f"ResourceClaim {plan.key}: {exc}; the controller completes the record "
-                    "shortly and the kubelet's next try prepares the claim: wait",
-                    reason="ReservationIncomplete",
-                    permanent=False,
-                    event=True,
-                ) from None
-            raise PrepareFailure(
-                f"ResourceClaim {plan.key}: {exc}; the controller moves the claim",
-                reason="StaleReservation",
-                permanent=True,
-                event=True,
-            ) from None
+            raise decide.reservation_failure(plan, str(exc), retryable=exc.retryable) from None
 
-    def _env_of(self, plan: ClaimPlan, indices: tuple[int, ...]) -> Mapping[str, str]:
+    def _env_of(
+        self, plan: ClaimPlan, indices: tuple[int, ...], topology: UltraServerPeers | None
+    ) -> Mapping[str, str]:
         try:
             return claim_env(
-                replace(plan, device_indices=indices),
-                self._inventory(),
-                topology=self._topology(plan),
+                replace(plan, device_indices=indices), self._inventory(), topology=topology
             )
-        except (CdiError, ReservationError) as exc:
+        except CdiError as exc:
             raise ValueError(str(exc)) from None
 
-    def _spec(self, plan: ClaimPlan, env_indices: Sequence[int]) -> dict[str, Any]:
+    def _spec(
+        self, plan: ClaimPlan, env_indices: Sequence[int], topology: UltraServerPeers | None
+    ) -> dict[str, Any]:
         try:
             return cdi_spec_for(
                 plan,
                 self._inventory(),
                 cdi_kind=self._cdi_kind,
-                topology=self._peers(plan),
+                topology=topology,
                 env_indices=None if tuple(env_indices) == plan.device_indices else env_indices,
             )
         except CdiError as exc:
