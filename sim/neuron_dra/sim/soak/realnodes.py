@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,8 +71,6 @@ class RealSoakNodes:
         self.held: set[tuple[str, str]] = set()
         #: Containers already looked into (their ids: a container restarted is a new one).
         self.looked: set[str] = set()
-        #: Looks that failed (the pod went, the API server was down ...), by their error.
-        self.look_failures: Counter[str] = Counter()
         profile = profile_for(INSTANCE_TYPE)
         self.cores_per_device = profile.cores_per_device // profile.default_lnc
 
@@ -229,7 +226,6 @@ class RealSoakNodes:
                 except RuntimeError as exc:
                     # Gone, restarting, or the API server down: a later round looks again.
                     reason = str(exc).split("\n")[0][:160]
-                    self.look_failures[reason] += 1
                     soak.event(f"look into pod {pod['metadata']['name']} failed: {reason}")
                     continue
                 self.looked.add(cid)
