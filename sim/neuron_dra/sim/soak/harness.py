@@ -103,6 +103,10 @@ class Soak:
         self.checks = 0
         self.http: aiohttp.ClientSession | None = None
         self.stopping = asyncio.Event()
+        #: The checker's newest snapshot, and a flag it sets on each (the container looks
+        #: read it instead of taking one of their own).
+        self.latest_snapshot: JsonDict | None = None
+        self.new_snapshot = asyncio.Event()
         #: Control-plane components down on purpose (a fault in progress).
         self.held_cp: set[str] = set()
         self.faults_over = False

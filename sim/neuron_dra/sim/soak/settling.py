@@ -97,7 +97,8 @@ def check_frees(soak: Soak, snap: JsonDict, *, final: bool = False) -> None:
 
 
 async def checker(soak: Soak) -> None:
-    """The checks that hold at every instant, every 3 s."""
+    """The checks that hold at every instant, every 3 s; each snapshot is handed on to
+    :func:`container_checker`."""
     reported: set[tuple[str, str]] = set()
     while not soak.stopping.is_set():
         await asyncio.sleep(3.0)
@@ -108,19 +109,20 @@ async def checker(soak: Soak) -> None:
         soak.checks += 1
         _report_once(soak, always_violations(snap), reported)
         check_frees(soak, snap)
+        soak.latest_snapshot = snap
+        soak.new_snapshot.set()
 
 
 async def container_checker(soak: Soak) -> None:
     """Each new Running container looked into (real nodes; a ``kubectl exec`` each, so in a
-    loop of its own: a slow look never delays the checks above)."""
+    loop of its own: a slow look never delays the checks above), from the newest snapshot
+    the checker took."""
     reported: set[tuple[str, str]] = set()
     while not soak.stopping.is_set():
-        await asyncio.sleep(3.0)
-        try:
-            snap = await snapshot(soak)
-        except Exception:
-            continue
-        found = await soak.node_side.check_containers(snap, every=False)
+        await soak.new_snapshot.wait()
+        soak.new_snapshot.clear()
+        assert soak.latest_snapshot is not None
+        found = await soak.node_side.check_containers(soak.latest_snapshot, every=False)
         _report_once(soak, found, reported)
 
 
