@@ -415,6 +415,7 @@ def test_plugin_args_and_env_are_what_the_plugin_reads(
     assert str(config.data_dir) == "/var/lib/kubelet/plugins/neuron.aws.com"
     assert config.emulation_mode == "trn2u.48xlarge"
     assert config.http_port == 8081
+    assert config.device_taint_effect == "NoSchedule"
     assert args.verbosity == 2 and args.logging_format == "text"
 
 

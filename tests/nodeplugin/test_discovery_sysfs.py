@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from neuron_dra.nodeplugin.discovery import sysfs
 from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, write_emulated_tree
-from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
+from neuron_dra.nodeplugin.discovery.model import HealthFault, NodeInventory, UltraServerMode
 from neuron_dra.nodeplugin.discovery.sysfs import load_efa_map, scan
 
 LABEL = "node.kubernetes.io/instance-type"
@@ -233,15 +233,15 @@ def test_vanished_device_directory(node: EmulatedPaths) -> None:
 def test_device_vanishing_while_being_read(
     node: EmulatedPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = sysfs.health_reasons
+    real = sysfs.health_faults
 
-    def health_then_vanish(sys_dir: Path, problems: list[str]) -> tuple[str, ...]:
+    def health_then_vanish(sys_dir: Path, problems: list[str]) -> tuple[HealthFault, ...]:
         result = real(sys_dir, problems)
         if sys_dir.name == "neuron5":
             shutil.rmtree(sys_dir.resolve())
         return result
 
-    monkeypatch.setattr(sysfs, "health_reasons", health_then_vanish)
+    monkeypatch.setattr(sysfs, "health_faults", health_then_vanish)
     inv = rescan(node)
     assert inv.device(5) is None and len(inv.devices) == 5
     assert "vanished during the scan" in only_problem(inv)

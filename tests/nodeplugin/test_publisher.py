@@ -31,19 +31,23 @@ from neuron_dra.common.constants import (
     LABEL_ULTRASERVER_SERVER_ID_2,
     LABEL_ULTRASERVER_SERVER_ID_4,
     NODE_DEVICE_NAME,
+    TAINT_KEY_UNHEALTHY_COMPONENT,
 )
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.k8s.workqueue import ExponentialBackoff
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.nodeplugin.discovery.model import (
+    FailureClass,
+    HealthFault,
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
     UltraServerMode,
 )
+from neuron_dra.nodeplugin.publish.labelplan import node_label_patch
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
-from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller, node_label_patch
+from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller
 from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.publish.sliceplan import plan_slices
 from neuron_dra.nodeplugin.slices import build_resource_slices, slice_name
@@ -146,6 +150,7 @@ class Env:
         kw.setdefault("clock", self.clock)
         kw.setdefault("rate_limiter", ExponentialBackoff(0.001, 0.01))
         kw.setdefault("metrics", self.metrics)
+        kw.setdefault("taint_effect", "NoSchedule")  # the plugin's default
         pub = SlicePublisher(self.kube, **kw)
         self.publishers.append(pub)
         return pub
@@ -610,3 +615,54 @@ async def test_node_labeller_restores_a_removed_label_via_the_node_watch(env: En
 async def test_publisher_rejects_a_driver_name_slices_cannot_build(env: Env) -> None:
     with pytest.raises(ValueError, match="driver_name"):
         env.publisher(driver_name="other.example.com")
+
+
+# --- device taints --------------------------------------------------------------------------
+
+
+def failing(index: int) -> NodeInventory:
+    """The default inventory with device ``index`` reporting a failed HBM."""
+    inv = inventory()
+    sick = replace(
+        inv.devices[index],
+        healthy=False,
+        faults=(HealthFault(FailureClass.COMPONENT, "hbm", "unhealthy component: hbm"),),
+    )
+    return replace(inv, devices=tuple(sick if d.index == index else d for d in inv.devices))
+
+
+async def test_a_failing_device_is_tainted_and_untainted_when_it_recovers(env: Env) -> None:
+    env.server.core.device_taints = True  # DRADeviceTaints on (1.36+)
+    pub = await env.started()
+    env.inventory = failing(3)
+    pub.request_sync()
+    await wait(pub, lambda: env.writes()["update"] >= 1)
+    await sync_again(pub)
+    (taint,) = devices(env.slices())["neurondevice3"]["taints"]
+    assert taint["key"] == TAINT_KEY_UNHEALTHY_COMPONENT and taint["value"] == "hbm"
+    assert taint["effect"] == "NoSchedule" and taint["timeAdded"]
+    assert env.writes() == {"create": 1, "update": 1, "delete": 0}
+
+    env.inventory = inventory()
+    pub.request_sync()
+    await wait(pub, lambda: env.writes()["update"] >= 2)
+    await sync_again(pub)
+    assert "taints" not in devices(env.slices())["neurondevice3"]
+    assert env.writes() == {"create": 1, "update": 2, "delete": 0}
+
+
+async def test_a_server_that_drops_taints_gets_the_healthy_attribute_without_a_loop(
+    env: Env,
+) -> None:
+    """1.34 and 1.35 by default (DRADeviceTaints off): the API server drops the taints. The
+    publisher notices on the write's response and stops sending them, instead of finding its
+    slice different from what it wants on every watch event and republishing forever."""
+    assert not env.server.core.device_taints
+    env.inventory = failing(5)
+    pub = await env.started()
+    await sync_again(pub)
+    await sync_again(pub)
+    dev = devices(env.slices())["neurondevice5"]
+    assert "taints" not in dev and dev["attributes"][ATTR_HEALTHY] == {"bool": False}
+    assert pub.taint_effect is None
+    assert env.writes() == {"create": 1, "update": 0, "delete": 0}

@@ -28,6 +28,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
+from neuron_dra.nodeplugin.publish.labelplan import ultraserver_node_labels
 from neuron_dra.nodeplugin.slices import (
     InventoryError,
     SliceBuildError,
@@ -37,7 +38,6 @@ from neuron_dra.nodeplugin.slices import (
     next_generation,
     slice_content_changed,
     slice_name,
-    ultraserver_node_labels,
 )
 from neuron_dra.sim.fakeapi.validation.builtin import validate_builtin, validate_object_meta
 from neuron_dra.sim.fakeapi.validation.names import is_valid_label_value

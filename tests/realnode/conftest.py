@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from neuron_dra.nodeplugin.cdi import list_cdi_specs
 from neuron_dra.sim.kubebuild import kube_modules, newest_minor
 from neuron_dra.sim.realcluster import enabled_minors
 from neuron_dra.sim.simcluster import SimCluster, SimNode
 from neuron_dra.sim.worlds import real_control_plane, require_real_nodes
 
+NS = "default"
 NODES = [SimNode("kn-0", "trn2.48xlarge"), SimNode("kn-1", "trn2.48xlarge")]
 
 
@@ -48,3 +50,25 @@ async def cluster(kubelet: str) -> AsyncIterator[SimCluster]:
         controller=False,
     ) as sim:
         yield sim
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def sim(cluster: SimCluster) -> AsyncIterator[SimCluster]:
+    """The kubelet minor's cluster, its pods and templates deleted afterwards."""
+    yield cluster
+    for p in cluster.pods(NS):
+        await cluster.delete("v1", "Pod", p["metadata"]["name"], NS)
+    for kind in ("ResourceClaimTemplate", "ResourceClaim"):
+        for o in cluster.view.list("resource.k8s.io/v1", kind, NS):
+            await cluster.delete("resource.k8s.io/v1", kind, o["metadata"]["name"], NS)
+    try:
+        await cluster.wait_until(lambda: cluster.idle(NS), "pods gone and every claim unprepared")
+    except TimeoutError as exc:
+        left = {
+            "pods": [(p["metadata"]["name"], p["status"].get("phase")) for p in cluster.pods(NS)],
+            "claims": [c["metadata"]["name"] for c in cluster.claims(NS)],
+            "cdi": {
+                n.name: sorted(list_cdi_specs(cluster.cdi_root(n.name))) for n in cluster.nodes
+            },
+        }
+        raise TimeoutError(f"{exc}: left {left}") from None

@@ -11,11 +11,9 @@ import json
 import os
 import re
 import signal
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from neuron_dra.nodeplugin.cdi import list_cdi_specs
 from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, mark_unhealthy
 from neuron_dra.sim.realnode.node import KUBELET, RealNode
@@ -119,28 +117,6 @@ def container_id(sim: SimCluster, pod_name: str) -> str:
 
 async def gone(sim: SimCluster, *names: str) -> None:
     await sim.wait_until(lambda: all(sim.pod(n) is None for n in names), f"{names} gone")
-
-
-@pytest_asyncio.fixture(loop_scope="package")
-async def sim(cluster: SimCluster) -> AsyncIterator[SimCluster]:
-    """The kubelet minor's cluster, its pods and templates deleted afterwards."""
-    yield cluster
-    for p in cluster.pods(NS):
-        await cluster.delete("v1", "Pod", p["metadata"]["name"], NS)
-    for kind in ("ResourceClaimTemplate", "ResourceClaim"):
-        for o in cluster.view.list("resource.k8s.io/v1", kind, NS):
-            await cluster.delete("resource.k8s.io/v1", kind, o["metadata"]["name"], NS)
-    try:
-        await cluster.wait_until(lambda: cluster.idle(NS), "pods gone and every claim unprepared")
-    except TimeoutError as exc:
-        left = {
-            "pods": [(p["metadata"]["name"], p["status"].get("phase")) for p in cluster.pods(NS)],
-            "claims": [c["metadata"]["name"] for c in cluster.claims(NS)],
-            "cdi": {
-                n.name: sorted(list_cdi_specs(cluster.cdi_root(n.name))) for n in cluster.nodes
-            },
-        }
-        raise TimeoutError(f"{exc}: left {left}") from None
 
 
 # --- the kubelet restarts ----------------------------------------------------------------------

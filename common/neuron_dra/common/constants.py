@@ -168,3 +168,15 @@ FINALIZER_WORKLOAD: Final = "neuron.aws.com/workload-protection"
 #: Label values are limited to 63 characters and the workload id travels in
 #: ``LABEL_WORKLOAD_ID``, so it must fit there.
 WORKLOAD_ID_MAX_LENGTH: Final = 63
+
+#: Device taints the kubelet plugin puts on a device its health signals find failing, one key
+#: per failure class (docs/configuration.md, "Device health and taints"); the value says what
+#: failed. A device with no known class (never from our discovery) gets the generic key.
+TAINT_KEY_UNHEALTHY_COMPONENT: Final = "neuron.aws.com/unhealthy-component"
+TAINT_KEY_UNCORRECTED_ECC: Final = "neuron.aws.com/uncorrected-ecc"
+TAINT_KEY_UNHEALTHY: Final = "neuron.aws.com/unhealthy"
+#: Effects the plugin may give its taints (chart value ``kubeletPlugin.deviceTaints.effect``);
+#: ``off`` publishes none. NoExecute evicts the pods using the device, so it is opt-in.
+TAINT_EFFECT_NO_SCHEDULE: Final = "NoSchedule"
+TAINT_EFFECT_NO_EXECUTE: Final = "NoExecute"
+TAINT_EFFECTS_OFF: Final = "off"

@@ -14,7 +14,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from neuron_dra.common.constants import DRIVER_NAMESPACE
+from neuron_dra.common.constants import (
+    DRIVER_NAMESPACE,
+    TAINT_EFFECT_NO_EXECUTE,
+    TAINT_EFFECT_NO_SCHEDULE,
+    TAINT_EFFECTS_OFF,
+)
 from neuron_dra.common.k8s.client import connect
 from neuron_dra.common.k8s.errors import PermanentError
 from neuron_dra.common.logsetup import add_logging_flags, setup_logging
@@ -75,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between reads of sysfs for devices and their health: how soon a failing "
         "device is tainted and reported (env RESCAN_INTERVAL)",
     )
+    p.add_argument(
+        "--device-taint-effect",
+        default=_env("DEVICE_TAINT_EFFECT", TAINT_EFFECT_NO_SCHEDULE),
+        help="effect of the taints on devices found unhealthy: NoSchedule keeps new claims "
+        "off them, NoExecute also evicts the pods using them, off publishes no taints (env "
+        "DEVICE_TAINT_EFFECT; default NoSchedule)",
+    )
     add_logging_flags(p)
     return p
 
@@ -85,6 +97,13 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     node_id = args.emulated_ultraserver_node_id
     if args.rescan_interval <= 0:
         raise SystemExit("neuron-dra-kubelet-plugin: --rescan-interval must be positive")
+    effects = (TAINT_EFFECT_NO_SCHEDULE, TAINT_EFFECT_NO_EXECUTE, TAINT_EFFECTS_OFF)
+    if args.device_taint_effect not in effects:
+        # argparse checks choices on the command line only, not a default from the env.
+        raise SystemExit(
+            f"neuron-dra-kubelet-plugin: --device-taint-effect (DEVICE_TAINT_EFFECT) must be one "
+            f"of {', '.join(effects)}, got {args.device_taint_effect!r}"
+        )
     return PluginConfig(
         node_name=args.node_name,
         pod_uid=args.pod_uid or None,
@@ -99,6 +118,9 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         http_port=args.http_port,
         namespace=args.namespace,
         rescan_interval=args.rescan_interval,
+        device_taint_effect=(
+            None if args.device_taint_effect == TAINT_EFFECTS_OFF else args.device_taint_effect
+        ),
     )
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from neuron_dra.common.constants import DRIVER_NAME, DRIVER_NAMESPACE
+from neuron_dra.common.constants import DRIVER_NAME, DRIVER_NAMESPACE, TAINT_EFFECT_NO_SCHEDULE
 from neuron_dra.common.httpserver import HttpServer, load_web
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
@@ -106,6 +106,9 @@ class PluginConfig:
     http_host: str = "0.0.0.0"
     http_port: int = 8081
     rescan_interval: float = DEFAULT_RESCAN_INTERVAL
+    #: Effect of the taints on devices found unhealthy (NoSchedule, or NoExecute to evict
+    #: their pods too); None publishes no taints (the ``healthy`` attribute stays either way).
+    device_taint_effect: str | None = TAINT_EFFECT_NO_SCHEDULE
     driver_name: str = DRIVER_NAME
     #: Where the controller keeps the NeuronUltraServers (its release namespace).
     namespace: str = DRIVER_NAMESPACE
@@ -151,6 +154,7 @@ class KubeletPlugin:
             workload_ids=self.reservations.workload_ids,
             driver_name=config.driver_name,
             metrics=publisher_metrics,
+            taint_effect=config.device_taint_effect,
         )
         self.labeller = NodeLabeller(
             kube,

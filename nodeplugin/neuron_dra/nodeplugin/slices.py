@@ -1,4 +1,4 @@
-"""This node's ResourceSlices and UltraServer Node labels, as pure functions of the inventory.
+"""This node's ResourceSlices, as pure functions of the inventory.
 
 Everything here is a contract with users (CEL selectors and ``matchAttribute`` constraints name
 these attributes), with the EFA driver (connected-group ids must equal the ones DRANET publishes
@@ -37,11 +37,6 @@ from neuron_dra.common.constants import (
     CAPACITY_MEMORY,
     DRIVER_NAME,
     LABEL_CAPACITY_BLOCK_ID,
-    LABEL_ULTRASERVER_MODE,
-    LABEL_ULTRASERVER_NODE_ID_2,
-    LABEL_ULTRASERVER_NODE_ID_4,
-    LABEL_ULTRASERVER_SERVER_ID_2,
-    LABEL_ULTRASERVER_SERVER_ID_4,
     MAX_ATTRIBUTE_ID_LENGTH,
     MAX_ATTRIBUTE_VALUE_LENGTH,
     MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
@@ -54,7 +49,6 @@ from neuron_dra.common.constants import (
     device_name,
     format_ultraserver_modes,
 )
-from neuron_dra.common.names import LABEL_VALUE_RE
 from neuron_dra.common.profiles import (
     GIB,
     InstanceProfile,
@@ -66,6 +60,11 @@ from neuron_dra.common.profiles import (
 )
 from neuron_dra.common.quantity import parse_quantity
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
+from neuron_dra.nodeplugin.publish.taints import (
+    comparable_taints,
+    device_taints,
+    node_device_taints,
+)
 
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
 
@@ -86,7 +85,6 @@ _SEMVER = re.compile(
     r"(-((0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
 )
-_LABEL_VALUE = LABEL_VALUE_RE
 
 
 class InventoryError(ValueError):
@@ -270,6 +268,7 @@ def _device_entry(
     groups: Mapping[str, str],
     lnc: int,
     workload_id: str | None,
+    taint_effect: str | None,
 ) -> dict[str, Any]:
     cores = device_core_count(device, profile)
     attrs: dict[str, dict[str, Any]] = {
@@ -297,7 +296,15 @@ def _device_entry(
     capacity = {CAPACITY_CORES: {"value": str(cores)}}
     if profile.device_memory_bytes:
         capacity[CAPACITY_MEMORY] = {"value": _quantity(profile.device_memory_bytes)}
-    return {"name": device_name(device.index), "attributes": attrs, "capacity": capacity}
+    entry = {"name": device_name(device.index), "attributes": attrs, "capacity": capacity}
+    return _with_taints(entry, device_taints(device, taint_effect))
+
+
+def _with_taints(entry: dict[str, Any], taints: list[dict[str, Any]]) -> dict[str, Any]:
+    # Only when there are any: an empty list would differ from what the API server returns.
+    if taints:
+        entry["taints"] = taints
+    return entry
 
 
 def _node_device_entry(
@@ -306,6 +313,7 @@ def _node_device_entry(
     *,
     common: Mapping[str, dict[str, Any]],
     workload_id: str | None,
+    taint_effect: str | None,
 ) -> dict[str, Any]:
     attrs: dict[str, dict[str, Any]] = {ATTR_RESOURCE_TYPE: _str(RESOURCE_TYPE_NODE), **common}
     if workload_id is not None:
@@ -316,7 +324,8 @@ def _node_device_entry(
     if profile.device_memory_bytes:
         total = profile.device_memory_bytes * len(inventory.devices)
         capacity[CAPACITY_MEMORY] = {"value": _quantity(total)}
-    return {"name": NODE_DEVICE_NAME, "attributes": attrs, "capacity": capacity}
+    entry = {"name": NODE_DEVICE_NAME, "attributes": attrs, "capacity": capacity}
+    return _with_taints(entry, node_device_taints(inventory.devices, taint_effect))
 
 
 def _node_workload_id(workload_ids: Mapping[int | str, str]) -> str | None:
@@ -400,11 +409,13 @@ def build_resource_slices(
     dra_driver_version: str,
     workload_ids: Mapping[int | str, str] | None = None,
     generation: int,
+    taint_effect: str | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (resource.k8s.io/v1) publishing this node's devices.
 
     ``workload_ids`` maps a device index, or ``"node"`` for the whole node, to the workload it
-    is reserved for; a device-specific entry wins over ``"node"``.
+    is reserved for; a device-specific entry wins over ``"node"``. ``taint_effect`` is the
+    effect of the taints on unhealthy devices (:mod:`.publish.taints`); None publishes none.
     """
     if not node_uid:
         raise SliceBuildError(f"node {node_name}: uid required for the owner reference")
@@ -434,6 +445,7 @@ def build_resource_slices(
                     groups=groups[dev.index],
                     lnc=lnc,
                     workload_id=workload_ids.get(dev.index, node_tag),
+                    taint_effect=taint_effect,
                 )
             )
         if ultraserver_node_counts(inventory, profile):
@@ -443,6 +455,7 @@ def build_resource_slices(
                     profile,
                     common=common,
                     workload_id=_node_workload_id(workload_ids),
+                    taint_effect=taint_effect,
                 )
             )
     for device in devices:
@@ -484,7 +497,8 @@ def build_resource_slices(
 def _normalized_spec(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a slice that consumers see, minus the generation, in a canonical form.
 
-    Quantities are compared by value because the API server may re-serialise them.
+    Quantities are compared by value because the API server may re-serialise them; taints
+    without the ``timeAdded`` the API server sets.
     """
     spec = obj.get("spec") or {}
     pool = spec.get("pool") or {}
@@ -496,6 +510,7 @@ def _normalized_spec(obj: Mapping[str, Any]) -> dict[str, Any]:
             for k, c in (d.get("capacity") or {}).items()
         }
         entry.setdefault("attributes", {})
+        entry["taints"] = comparable_taints(d.get("taints") or [])
         devices[d.get("name")] = entry
     return {
         "driver": spec.get("driver"),
@@ -536,35 +551,3 @@ def next_generation(
         slice_content_changed(old[name], new[name]) for name in new
     )
     return highest + 1 if changed or mixed else highest
-
-
-# --- Node labels -------------------------------------------------------------------------------
-
-
-def ultraserver_node_labels(inventory: NodeInventory) -> dict[str, str]:
-    """The UltraServer labels this node should carry; {} on other nodes.
-
-    Values that are not valid label values (a driver reporting something unexpected) are left
-    out rather than failing the whole label update; the caller removes every owned label it
-    does not get back here.
-    """
-    us = inventory.ultraserver
-    if not inventory.devices or not inventory.instance_type:
-        return {}
-    try:
-        profile = inventory_profile(inventory)
-    except (InventoryError, LookupError):
-        return {}
-    counts = ultraserver_node_counts(inventory, profile)
-    if not counts:
-        return {}
-    candidates: dict[str, str | None] = {LABEL_ULTRASERVER_MODE: format_ultraserver_modes(counts)}
-    if us is not None:
-        candidates[LABEL_ULTRASERVER_SERVER_ID_2] = us.server_id_2
-        candidates[LABEL_ULTRASERVER_SERVER_ID_4] = us.server_id_4
-        for label, node_id in (
-            (LABEL_ULTRASERVER_NODE_ID_2, us.node_id_2),
-            (LABEL_ULTRASERVER_NODE_ID_4, us.node_id_4),
-        ):
-            candidates[label] = None if node_id is None else str(node_id)
-    return {k: v for k, v in candidates.items() if v and len(v) <= 63 and _LABEL_VALUE.fullmatch(v)}

@@ -10,7 +10,7 @@ listed in ``problems`` so it can be logged with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 
 class UltraServerMode(IntEnum):
@@ -24,6 +24,29 @@ class UltraServerMode(IntEnum):
     @property
     def node_count(self) -> int:
         return {UltraServerMode.X4: 4, UltraServerMode.X2H: 2, UltraServerMode.X2V: 2}.get(self, 1)
+
+
+class FailureClass(Enum):
+    """What kind of health signal found a device unhealthy: each has its own taint key, so an
+    admin or a claim can tolerate one class and not another (docs/configuration.md, "Device
+    health and taints")."""
+
+    #: The driver names the failed component (``stats/hardware/health_status/
+    #: unhealthy_components``: hbm, sram, a link ...).
+    COMPONENT = "component"
+    #: Memory returned data its ECC could not correct (``stats/hardware/*_ecc_uncorrected``).
+    UNCORRECTED_ECC = "uncorrected-ecc"
+
+
+@dataclass(frozen=True)
+class HealthFault:
+    """One reason a device is unhealthy: its class, what failed (a component, a counter) and
+    the sentence users read in events and the pod's resource health."""
+
+    kind: FailureClass
+    #: The failed component (``hbm``) or the counter (``mem_ecc_uncorrected``).
+    item: str
+    reason: str
 
 
 #: ``server_id_<n>`` value meaning "no UltraServer / election not done".
@@ -50,11 +73,15 @@ class NeuronDevice:
     #: PCI address of the EFA device paired with this Neuron device, when known; drives the
     #: AWS connected-group id rule (docs/architecture.md, "Discovery → ResourceSlice").
     efa_pci_address: str | None = None
-    #: False when hardware health signals report a problem; reasons say which.
+    #: False when hardware health signals report a problem; ``faults`` say which.
     healthy: bool = True
-    unhealthy_reasons: tuple[str, ...] = ()
+    faults: tuple[HealthFault, ...] = ()
     #: The device node is a placeholder file of emulation mode, not a character device.
     emulated: bool = False
+
+    @property
+    def unhealthy_reasons(self) -> tuple[str, ...]:
+        return tuple(f.reason for f in self.faults)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,15 @@ from types import MappingProxyType
 
 from neuron_dra.common.constants import LABEL_INSTANCE_TYPE
 
-from .model import NO_SERVER_ID, NeuronDevice, NodeInventory, UltraServerInfo, UltraServerMode
+from .model import (
+    NO_SERVER_ID,
+    FailureClass,
+    HealthFault,
+    NeuronDevice,
+    NodeInventory,
+    UltraServerInfo,
+    UltraServerMode,
+)
 
 #: Where the driver's ``neuron_device`` class lists its devices (symlinks) and keeps the
 #: class-level UltraServer attributes.
@@ -207,7 +215,7 @@ def read_device(
     if serial is not None and serial != "" and not _HEX16.fullmatch(serial):
         _garbage(sys_dir / "info" / "serial_number", serial, "16 hex digits", own)
         serial = None
-    reasons = health_reasons(sys_dir, own)
+    faults = health_faults(sys_dir, own)
 
     if not sys_dir.is_dir():
         problems.append(f"{sys_dir}: device directory vanished during the scan; skipped")
@@ -224,31 +232,35 @@ def read_device(
         serial_number=serial.lower() if serial else None,
         efa_pci_address=efa_pci_address,
         emulated=emulated,
-        healthy=not reasons,
-        unhealthy_reasons=reasons,
+        healthy=not faults,
+        faults=faults,
     )
 
 
-def health_reasons(sys_dir: Path, problems: list[str]) -> tuple[str, ...]:
+def health_faults(sys_dir: Path, problems: list[str]) -> tuple[HealthFault, ...]:
     """Why the device is unhealthy according to its own counters; () if it is not.
 
     An unreadable counter is a problem, not a reason: we do not take a device away because
     a file is missing on an older driver.
     """
-    reasons: list[str] = []
+    faults: list[HealthFault] = []
     components = read_attr(sys_dir / UNHEALTHY_COMPONENTS_FILE, problems, required=False)
     if components:
         # The driver documents a comma-separated list; the exact format is not published,
         # so whitespace is accepted as a separator too.
         for name in re.split(r"[,\s]+", components):
             if name:
-                reasons.append(f"unhealthy component: {name}")
+                faults.append(
+                    HealthFault(FailureClass.COMPONENT, name, f"unhealthy component: {name}")
+                )
     hw = sys_dir / "stats" / "hardware"
     for counter in UNCORRECTED_ECC_COUNTERS:
         value = read_int(hw / counter, problems, required=False)
         if value:
-            reasons.append(f"{counter} = {value}")
-    return tuple(reasons)
+            faults.append(
+                HealthFault(FailureClass.UNCORRECTED_ECC, counter, f"{counter} = {value}")
+            )
+    return tuple(faults)
 
 
 # --- node-wide values -----------------------------------------------------------------------------

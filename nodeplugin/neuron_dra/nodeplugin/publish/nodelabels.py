@@ -1,6 +1,6 @@
 """Keeps this node's UltraServer labels (listed in the README) equal to what discovery says.
 
-Schedulers and the controller select UltraServer nodes by these labels. :func:`node_label_patch`
+Schedulers and the controller select UltraServer nodes by these labels. :mod:`.labelplan`
 decides (pure) the merge patch that sets or removes only the labels we own;
 :class:`NodeLabeller` applies it whenever the inventory changes or someone edits the Node.
 """
@@ -8,42 +8,21 @@ decides (pure) the merge patch that sets or removes only the labels we own;
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from neuron_dra.common.constants import ULTRASERVER_NODE_LABELS
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.reflector import Reflector
 from neuron_dra.common.k8s.workqueue import QueueMetrics, RateLimiter
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.publish.labelplan import node_label_patch, ultraserver_node_labels
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.syncworker import SyncWorker, log_failure
-from neuron_dra.nodeplugin.slices import ultraserver_node_labels
 
 log = logging.getLogger(__name__)
 
 InventoryProvider = Callable[[], NodeInventory | None]
-
-
-def node_label_patch(
-    current: Mapping[str, str],
-    desired: Mapping[str, str],
-    owned: Iterable[str] = ULTRASERVER_NODE_LABELS,
-) -> dict[str, str | None]:
-    """The ``metadata.labels`` merge patch making our labels on the Node equal ``desired``.
-
-    Only ``owned`` labels are ever set or removed (``None`` = remove); anything else on the
-    Node belongs to someone else and is left alone, even if ``desired`` named it.
-    """
-    owned = frozenset(owned)
-    patch: dict[str, str | None] = {
-        k: v for k, v in desired.items() if k in owned and current.get(k) != v
-    }
-    for k in sorted(owned):
-        if k in current and k not in desired:
-            patch[k] = None
-    return patch
 
 
 class NodeLabeller:

@@ -67,6 +67,7 @@ from neuron_dra.nodeplugin.publish.sliceplan import (
     slice_resync_reason,
 )
 from neuron_dra.nodeplugin.publish.syncworker import NotReadyError, SyncWorker, log_failure
+from neuron_dra.nodeplugin.publish.taints import taints_dropped
 from neuron_dra.nodeplugin.slices import build_resource_slices
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class SlicePublisher:
         reflector_metrics: ReflectorMetrics | None = None,
         queue_metrics: QueueMetrics | None = None,
         conflict_attempts: int = CONFLICT_ATTEMPTS,
+        taint_effect: str | None = None,
     ) -> None:
         if driver_name != DRIVER_NAME:
             # slices.py builds slices for DRIVER_NAME only; publishing under another name would
@@ -151,6 +153,9 @@ class SlicePublisher:
         self._clock: Clock = clock or SystemClock()
         self._metrics = metrics or PublisherMetrics()
         self._conflict_attempts = conflict_attempts
+        #: Effect of the taints on unhealthy devices; None once the API server has shown it
+        #: drops them (taints_dropped), so that we stop sending what it will not keep.
+        self.taint_effect = taint_effect
         self._api: ResourceClient = kube.resource(RESOURCE_SLICES)
         self.slice_store = Store()
         self.node_store = Store()
@@ -342,6 +347,7 @@ class SlicePublisher:
             dra_driver_version=self.dra_driver_version,
             workload_ids=dict(self._workload_ids()),
             generation=0,
+            taint_effect=self.taint_effect,
         )
         self._last_node_facts = facts
         return desired
@@ -388,6 +394,7 @@ class SlicePublisher:
             except (AlreadyExistsError, ConflictError) as exc:
                 raise _StaleError(name, exc) from exc
             self._wrote("create", name, created)
+            self._check_taints_kept(obj, created)
             result.created.append(name)
         for obj in plan.update:
             name = slice_name_of(obj)
@@ -396,6 +403,7 @@ class SlicePublisher:
             except (ConflictError, NotFoundError) as exc:
                 raise _StaleError(name, exc) from exc
             self._wrote("update", name, updated)
+            self._check_taints_kept(obj, updated)
             result.updated.append(name)
         for name, rv in plan.delete:
             try:
@@ -412,6 +420,22 @@ class SlicePublisher:
         self.writes[verb] += 1
         self._metrics.slice_writes.labels(verb).inc()
         log.debug("ResourceSlice %s: %s", name, verb, extra={"node": self.node_name})
+
+    def _check_taints_kept(self, sent: JsonDict, returned: JsonDict) -> None:
+        """Stop sending taints once the API server drops them (its ``DRADeviceTaints`` feature
+        is off: the default before Kubernetes 1.36). Republishing them would never converge;
+        the ``healthy`` attribute still marks the device."""
+        if self.taint_effect is None or not taints_dropped(sent, returned):
+            return
+        log.warning(
+            "the API server dropped the device taints of ResourceSlice %s (feature DRADeviceTaints "
+            "is off; it is on by default from Kubernetes 1.36): unhealthy devices are marked "
+            "only by the healthy=false attribute",
+            slice_name_of(sent),
+            extra={"node": self.node_name},
+        )
+        self.taint_effect = None
+        self.request_sync()
 
     async def _refresh(self, name: str) -> None:
         """Read one slice from the API after a conflict, newer than our cache may be."""

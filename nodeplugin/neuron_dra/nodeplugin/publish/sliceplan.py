@@ -24,6 +24,7 @@ from neuron_dra.common.constants import (
     NETWORK_NODE_LAYER_ATTRIBUTES,
 )
 from neuron_dra.common.k8s.client import resource_version
+from neuron_dra.nodeplugin.publish.taints import carry_time_added
 from neuron_dra.nodeplugin.slices import next_generation, slice_content_changed
 
 JsonDict = dict[str, Any]
@@ -137,6 +138,7 @@ def plan_slices(
                 if have_meta.get(key):
                     meta[key] = copy.deepcopy(have_meta[key])
             meta["resourceVersion"] = resource_version(have)
+            carry_time_added(have, obj)
             update.append(obj)
     wanted = {slice_name_of(s) for s in final}
     delete = tuple(

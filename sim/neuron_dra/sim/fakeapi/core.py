@@ -29,7 +29,7 @@ from .registry import Registry
 from .rejections import bad_request, conflict, invalid, not_found, precondition_failed
 from .resource_types import CRD_KEY, NS_KEY, POD_KEY, ResourceType
 from .store import JSON, ApiError, Store
-from .validation.builtin import apply_builtin_defaults
+from .validation.builtin import apply_builtin_defaults, gate_device_taints
 
 # Built-ins whose server-side defaulting writes into nested objects.
 _DEFAULTED = frozenset({("resource.k8s.io", "resourceclaims"),
@@ -55,10 +55,20 @@ def as_version(rt: ResourceType, obj: JSON) -> JSON:
 class ApiCore:
     """Kubernetes object semantics over a Store (no HTTP here)."""
 
-    def __init__(self, store: Store, registry: Registry, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        clock: Callable[[], datetime],
+        *,
+        device_taints: bool = False,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.clock = clock
+        #: The DRADeviceTaints feature: off, as in 1.34 and 1.35 by default (slice taints are
+        #: dropped); on, taints are kept and their ``timeAdded`` defaulted (1.36+).
+        self.device_taints = device_taints
         # Dependents written with ownerReferences, waiting for the GC's owner check.
         self.pending_owner_checks: list[tuple[tuple[str, str], str, str]] = []
 
@@ -126,6 +136,7 @@ class ApiCore:
         warnings = prepare_custom(rt, obj, field_validation)
         if rt.crd is None:
             apply_builtin_defaults(rt.group, rt.plural, obj)
+            gate_device_taints(rt.plural, obj, None, enabled=self.device_taints, now=self.now())
         validate(rt, obj, None)
         if self.store.get(rt.store_key, ns, str(name)) is not None:
             raise ApiError(status(409, "AlreadyExists", f'{rt.qualified} "{name}" already exists',
@@ -186,6 +197,8 @@ class ApiCore:
         elif rt.store_key in _DEFAULTED:
             new = copy.deepcopy(new)  # defaulting writes into nested values shared with old
             apply_builtin_defaults(rt.group, rt.plural, new)
+        if rt.crd is None and subresource != "status":
+            gate_device_taints(rt.plural, new, old, enabled=self.device_taints, now=self.now())
         meta = new["metadata"]
         if old_meta.get("deletionTimestamp"):
             _check_no_new_finalizers(rt, name, meta, old_meta)

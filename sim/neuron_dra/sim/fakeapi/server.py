@@ -72,6 +72,7 @@ class FakeAPIServer:
         bookmark_interval: float = 1.0,
         clock: Callable[[], datetime] | None = None,
         watch_queue_size: int = 20_000,
+        device_taints: bool = False,
     ) -> None:
         self.host = host
         self._port = port
@@ -82,7 +83,7 @@ class FakeAPIServer:
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.store = Store(history_size=history_size, watch_queue_size=watch_queue_size)
         self.registry = Registry(builtin_types())
-        self.core = ApiCore(self.store, self.registry, self.clock)
+        self.core = ApiCore(self.store, self.registry, self.clock, device_taints=device_taints)
         self.faults = FaultInjector(on_drop_watches=self._drop_watches,
                                     on_compact=self.store.compact)
         # (verb, resource[/subresource]) → count: lets tests assert e.g. "no relist happened".

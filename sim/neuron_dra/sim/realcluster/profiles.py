@@ -19,21 +19,17 @@ class MinorProfile:
 
 PROFILES: dict[tuple[int, int], MinorProfile] = {
     # 1.34: prioritized list and admin access are beta (on by default, set for clarity);
-    # device taints, partitionable devices and consumable capacity are alpha. DeviceTaintRule
-    # is served only by resource.k8s.io/v1alpha3.
+    # partitionable devices and consumable capacity are alpha. Device taints stay off, as on
+    # every 1.34 cluster users run (EKS sets no alpha gates): the plugin's taints are dropped
+    # there and the tests prove that nothing breaks (tests/realnode/test_device_taints.py).
     (1, 34): MinorProfile(
         feature_gates={
             "DRAPrioritizedList": True,
             "DRAAdminAccess": True,
-            "DRADeviceTaints": True,
             "DRAPartitionableDevices": True,
             "DRAConsumableCapacity": True,
         },
-        runtime_config=(
-            "resource.k8s.io/v1beta1=true",
-            "resource.k8s.io/v1beta2=true",
-            "resource.k8s.io/v1alpha3=true",
-        ),
+        runtime_config=("resource.k8s.io/v1beta1=true", "resource.k8s.io/v1beta2=true"),
     ),
     # 1.36 (its kubelet only; 1.35 is 1.34's profile): prioritized list GA, admin access GA
     # and locked; device taints, partitionable devices, consumable capacity beta and on.

@@ -276,3 +276,29 @@ def apply_builtin_defaults(group: str, plural: str, obj: dict[str, Any]) -> None
         apply_claim_defaults(obj.get("spec"))
     elif plural == "resourceclaimtemplates":
         apply_claim_defaults(get_dict(obj, "spec").get("spec"))
+
+
+def gate_device_taints(
+    plural: str, obj: dict[str, Any], old: dict[str, Any] | None, *, enabled: bool, now: str
+) -> None:
+    """In place, for ResourceSlices: what kube-apiserver does with device taints. With the
+    ``DRADeviceTaints`` feature off they are dropped, unless the stored slice already has
+    some; kept taints get ``timeAdded`` = now when the writer left it empty (every write:
+    a republish without it restarts the clock)."""
+    if plural != "resourceslices":
+        return
+    devices = [d for d in get_list(get_dict(obj, "spec"), "devices") if isinstance(d, dict)]
+    in_use = old is not None and any(
+        isinstance(d, dict) and d.get("taints")
+        for d in get_list(get_dict(old, "spec"), "devices")
+    )
+    for device in devices:
+        if not device.get("taints"):
+            continue
+        if not (enabled or in_use):
+            del device["taints"]
+            continue
+        device["taints"] = [
+            {**t, "timeAdded": t.get("timeAdded") or now} if isinstance(t, dict) else t
+            for t in device["taints"]
+        ]

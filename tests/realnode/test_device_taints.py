@@ -1,0 +1,208 @@
+"""Device taints on the real control plane and real nodes (docs/configuration.md, "Device
+health and taints"): the plugin taints a device its health signals find failing, the real
+scheduler keeps claims off it unless they tolerate the taint, the taint goes when the device
+recovers; an admin's DeviceTaintRule (examples/specs/device-taint-rules.yaml) keeps claims
+off a device, or evicts a node's pods with NoExecute.
+
+1.37 has all of it on by default. On 1.34 (DRADeviceTaints off by default) the API server
+drops the taints: the plugin publishes ``healthy: false`` only, once, and DeviceTaintRule is
+not served in resource.k8s.io/v1. The taints are the control plane's business, so the
+kubelet-only minors (1.35 and 1.36 nodes on the 1.37 control plane) skip these tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from neuron_dra.common.constants import TAINT_KEY_UNHEALTHY_COMPONENT
+from neuron_dra.common.k8s.client import ApiResource
+from neuron_dra.common.k8s.errors import NotFoundError
+from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, mark_unhealthy
+from neuron_dra.sim.paths import repo_root
+from neuron_dra.sim.realcluster import enabled_minors
+from neuron_dra.sim.simcluster import SimCluster
+
+from .conftest import NS
+from .test_kubelet_side import DATA_DIR, node, pod, slice_healthy
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+DEVICE_TAINT_RULES = ApiResource(
+    "resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", namespaced=False
+)
+RULES_EXAMPLE = repo_root() / "examples" / "specs" / "device-taint-rules.yaml"
+
+
+@pytest.fixture(autouse=True)
+def control_plane_minor(kubelet: str) -> None:
+    if kubelet not in enabled_minors():
+        pytest.skip("device taints are the control plane's: tested with its own kubelets")
+
+
+def at_least(sim: SimCluster, minor: tuple[int, int]) -> bool:
+    """Whether the control plane is ``minor`` or newer."""
+    assert sim.real is not None
+    return tuple(int(p) for p in sim.real.minor.split(".")[:2]) >= minor
+
+
+def taints_served(sim: SimCluster) -> bool:
+    return at_least(sim, (1, 36))  # DRADeviceTaints on by default
+
+
+def slice_device(sim: SimCluster, node_name: str, device: str) -> dict[str, Any]:
+    for sl in sim.slices():
+        if sl["spec"].get("nodeName") == node_name:
+            for d in sl["spec"].get("devices") or []:
+                if d["name"] == device:
+                    return dict(d)
+    return {}
+
+
+def pool_generation(sim: SimCluster, node_name: str) -> int:
+    (sl,) = [s for s in sim.slices() if s["spec"].get("nodeName") == node_name]
+    return int(sl["spec"]["pool"]["generation"])
+
+
+def device_template(name: str, device_id: int, *, tolerate: str | None = None) -> dict[str, Any]:
+    """A template for one device by its id (and the node's pod selector picks the node)."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": "neuron.aws.com",
+        "selectors": [
+            {"cel": {"expression": f"device.attributes['neuron.aws.com'].deviceId == {device_id}"}}
+        ],
+    }
+    if tolerate:
+        exactly["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "d", "exactly": exactly}]}}},
+    }
+
+
+def quick_pod(name: str, on: str, template: str) -> dict[str, Any]:
+    """:func:`pod`, gone at once when deleted or evicted (``sleep`` ignores SIGTERM)."""
+    out: dict[str, Any] = pod(name, on, template_name=template)
+    out["spec"]["terminationGracePeriodSeconds"] = 0
+    return out
+
+
+def unschedulable(sim: SimCluster, name: str) -> str | None:
+    """The scheduler's message when it has found no place for pod ``name``."""
+    p = sim.pod(name) or {}
+    for cond in (p.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message") or "unschedulable")
+    return None
+
+
+def emulated(sim: SimCluster, node_name: str) -> EmulatedPaths:
+    root = node(sim, node_name).layout.host_path(f"{DATA_DIR}/emulated/{node_name}")
+    return EmulatedPaths(root / "sys", root / "dev", root / "opt")
+
+
+async def test_a_failing_device_is_tainted_kept_from_claims_and_untainted_on_recovery(
+    sim: SimCluster,
+) -> None:
+    device = "neurondevice5"
+    paths = emulated(sim, "kn-1")
+    before = pool_generation(sim, "kn-1")
+    mark_unhealthy(paths, 5, ["hbm"])
+    try:
+        await sim.wait_until(
+            lambda: slice_healthy(sim, "kn-1", device) is False, "healthy=false in the slice"
+        )
+        if not taints_served(sim):
+            # Dropped by the API server; the plugin noticed on its write and sent no more.
+            assert "taints" not in slice_device(sim, "kn-1", device)
+        else:
+            await _kept_off_unless_tolerated(sim, device)
+    finally:
+        with contextlib.suppress(OSError):
+            mark_unhealthy(paths, 5, [])
+    await sim.wait_until(
+        lambda: (
+            "taints" not in slice_device(sim, "kn-1", device)
+            and slice_healthy(sim, "kn-1", device) is True
+        ),
+        "the taint gone with the failure",
+    )
+    # One publish for the failure and one for the recovery: no republish loop, whether or not
+    # the API server kept the taints.
+    assert pool_generation(sim, "kn-1") == before + 2
+    if taints_served(sim):
+        await sim.wait_until(lambda: sim.running(["wants-5"]), "wants-5 Running once healed")
+
+
+async def _kept_off_unless_tolerated(sim: SimCluster, device: str) -> None:
+    (taint,) = await sim.wait_until(
+        lambda: slice_device(sim, "kn-1", device).get("taints"), "the device's taint"
+    )
+    assert taint["key"] == TAINT_KEY_UNHEALTHY_COMPONENT and taint["value"] == "hbm"
+    assert taint["effect"] == "NoSchedule" and taint["timeAdded"]
+    # The real scheduler keeps a claim that does not tolerate it off the device (without the
+    # taint it would be Running in a second) ...
+    await sim.apply(device_template("dev5", 5))
+    await sim.apply(quick_pod("wants-5", "kn-1", "dev5"))
+    await sim.wait_until(lambda: unschedulable(sim, "wants-5"), "wants-5 unschedulable")
+    # ... and gives it to one that tolerates it, which the plugin prepares.
+    await sim.apply(device_template("dev5-tolerant", 5, tolerate=TAINT_KEY_UNHEALTHY_COMPONENT))
+    await sim.apply(quick_pod("tolerant", "kn-1", "dev5-tolerant"))
+    await sim.wait_until(lambda: sim.running(["tolerant"]), "tolerant Running")
+    assert unschedulable(sim, "wants-5")
+    await sim.delete("v1", "Pod", "tolerant", NS)
+
+
+def example_rules(pool: str) -> dict[str, dict[str, Any]]:
+    """The example's DeviceTaintRules by effect, aimed at ``pool`` (the node's name)."""
+    docs = [d for d in yaml.safe_load_all(Path(RULES_EXAMPLE).read_text()) if d]
+    out = {}
+    for doc in docs:
+        rule = copy.deepcopy(doc)
+        rule["spec"]["deviceSelector"]["pool"] = pool
+        out[rule["spec"]["taint"]["effect"]] = rule
+    return out
+
+
+async def test_admin_rules_keep_claims_off_a_device_and_evict_a_nodes_pods(
+    sim: SimCluster,
+) -> None:
+    assert sim.kube is not None
+    rules = sim.kube.resource(DEVICE_TAINT_RULES)
+    if not at_least(sim, (1, 37)):
+        # Not in resource.k8s.io/v1 before 1.37: a user applying the example is told so.
+        with pytest.raises(NotFoundError):
+            await rules.list()
+        return
+    by_effect = example_rules("kn-0")
+    quarantine, drain = by_effect["NoSchedule"], by_effect["NoExecute"]
+    assert quarantine["spec"]["deviceSelector"]["device"] == "neurondevice3"
+    assert "device" not in drain["spec"]["deviceSelector"]
+    await sim.apply(device_template("dev1", 1))
+    await sim.apply(quick_pod("running", "kn-0", "dev1"))
+    await sim.wait_until(lambda: sim.running(["running"]), "running Running")
+    await rules.create(quarantine)
+    try:
+        # NoSchedule on device 3: a claim for it waits, the running pod stays.
+        await sim.apply(device_template("dev3", 3))
+        await sim.apply(quick_pod("wants-3", "kn-0", "dev3"))
+        await sim.wait_until(lambda: unschedulable(sim, "wants-3"), "wants-3 unschedulable")
+        assert sim.running(["running"])
+        await rules.delete(quarantine["metadata"]["name"])
+        await sim.wait_until(lambda: sim.running(["wants-3"]), "wants-3 Running, rule deleted")
+        # NoExecute on the whole node: the controller-manager evicts both pods.
+        await rules.create(drain)
+        await sim.wait_until(
+            lambda: sim.pod("running") is None and sim.pod("wants-3") is None,
+            "kn-0's pods evicted",
+        )
+    finally:
+        for rule in (quarantine, drain):
+            with contextlib.suppress(NotFoundError):
+                await rules.delete(rule["metadata"]["name"])
