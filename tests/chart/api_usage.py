@@ -25,10 +25,22 @@ class Use:
     scope: str  # "cluster" | "namespace"
     why: str
     resource_names: frozenset[str] = frozenset()
+    #: The oldest Kubernetes minor the chart grants it on.
+    since: tuple[int, int] = (1, 34)
 
 
-def _use(group: str, resource: str, verbs: str, scope: str, why: str, names: str = "") -> Use:
-    return Use(group, resource, frozenset(verbs.split()), scope, why, frozenset(names.split()))
+def _use(
+    group: str,
+    resource: str,
+    verbs: str,
+    scope: str,
+    why: str,
+    names: str = "",
+    since: tuple[int, int] = (1, 34),
+) -> Use:
+    return Use(
+        group, resource, frozenset(verbs.split()), scope, why, frozenset(names.split()), since
+    )
 
 
 KUBELET_PLUGIN: tuple[Use, ...] = (
@@ -53,6 +65,23 @@ KUBELET_PLUGIN: tuple[Use, ...] = (
         "get",
         "cluster",
         "prepare/budget.py read_claim: claim to prepare",
+    ),
+    _use(
+        "resource.k8s.io",
+        "resourceclaims/status",
+        "patch",
+        "cluster",
+        "prepare/devicestatus.py: status.devices of prepared claims (server-side apply)",
+        since=(1, 36),
+    ),
+    _use(
+        "resource.k8s.io",
+        "resourceclaims/driver",
+        "associated-node:patch",
+        "cluster",
+        "prepare/devicestatus.py: the granular permission of the same writes (1.36+)",
+        names="neuron.aws.com",
+        since=(1, 36),
     ),
     _use(
         "",

@@ -363,6 +363,58 @@ def test_a_device_taken_again_at_once_is_prepared_without_a_retry(installed: Ins
     assert not refused, refused
 
 
+def test_a_prepared_claim_reports_its_device_status(installed: Installed) -> None:
+    """From 1.36 the plugin writes the claim's ``status.devices`` (a Ready condition and the
+    device's data) under the chart's pod-bound token, with the granular
+    ``resourceclaims/driver`` permission; on 1.34 the chart grants nothing for it, the one
+    refused write is logged and the pod runs all the same."""
+    k = DEVICES - 2
+    installed.apply(one_device(k))
+    installed.apply(device_pod("status-report", f"device-{k}", {"status": "yes"}))
+    try:
+        installed.kubectl(
+            "wait", "--for=jsonpath={.status.phase}=Running", "pod/status-report", "--timeout=90s"
+        )
+        pod = installed.json("get", "pod", "status-report")
+        (claim_status,) = pod["status"]["resourceClaimStatuses"]
+        claim = claim_status["resourceClaimName"]
+        node = pod["spec"]["nodeName"]
+
+        def reported() -> list[dict[str, Any]]:
+            got = installed.json("get", "resourceclaim", claim)
+            return list((got.get("status") or {}).get("devices") or [])
+
+        minor = tuple(int(p) for p in installed.cp.minor.split(".")[:2])
+        if minor >= (1, 36):
+            (entry,) = wait_for("the claim's status.devices", reported, 60)
+            assert (entry["driver"], entry["pool"], entry["device"]) == (
+                "neuron.aws.com",
+                node,
+                f"neurondevice{k}",
+            )
+            (ready_condition,) = entry["conditions"]
+            assert ready_condition["type"] == "Ready" and ready_condition["status"] == "True"
+            assert entry["data"]["deviceId"] == k and entry["data"]["visibleCores"]
+        else:
+            (plugin,) = [
+                p
+                for p in installed.pods("app.kubernetes.io/component=kubelet-plugin")
+                if p["spec"]["nodeName"] == node
+            ]
+            name = plugin["metadata"]["name"]
+            wait_for(
+                "the plugin's note that it may not write status.devices",
+                lambda: (
+                    "not permitted to write ResourceClaim status.devices"
+                    in installed.kubectl("logs", "-n", NS, name)
+                ),
+                60,
+            )
+            assert reported() == []
+    finally:
+        installed.kubectl("delete", "pod", "status-report", "--wait=false")
+
+
 def rolled_out(installed: Installed, image: str) -> bool:
     pods = installed.pods("app.kubernetes.io/instance=" + RELEASE)
     running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]

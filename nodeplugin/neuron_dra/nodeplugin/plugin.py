@@ -46,6 +46,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     PluginServer,
     load_grpc_stack,
 )
+from neuron_dra.nodeplugin.prepare.devicestatus import DeviceStatusWriter, StatusReportingBackend
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller
@@ -174,11 +175,16 @@ class KubeletPlugin:
             registry=self.registry,
             boot_id_path=config.boot_id_path,
         )
+        self.device_status = DeviceStatusWriter(
+            kube,
+            checkpoint=lambda: self.preparer.checkpoint,
+            driver_name=config.driver_name,
+        )
         self.server = PluginServer(
             driver_name=config.driver_name,
             plugins_dir=config.plugins_dir,
             registrar_dir=config.registrar_dir,
-            backend=self.preparer,
+            backend=StatusReportingBackend(self.preparer, self.device_status),
             pod_uid=config.pod_uid,
             health_source=self.health,
         )
@@ -334,6 +340,7 @@ class KubeletPlugin:
             await asyncio.wait_for(self.publisher.published.wait(), PUBLISH_BEFORE_IMPORT_WAIT)
         await asyncio.to_thread(load_serving_stack)
         await self.server.start()
+        self.device_status.start()
         await self.http.start(cfg.http_host, cfg.http_port)
         self._rescan_task = asyncio.create_task(self._rescan_loop(), name="rescan")
         self._started = True
@@ -354,6 +361,7 @@ class KubeletPlugin:
             await self.server.stop(grace=5.0)
         # Checkpoint commits of calls the gRPC layer cancelled still finish before we exit.
         await self.preparer.drain()
+        await self.device_status.stop()
         await self.labeller.stop()
         await self.publisher.stop()
         await self.reservations.stop()
