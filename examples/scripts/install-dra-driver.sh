@@ -139,6 +139,10 @@ if [[ -n $server_major && -n $server_minor ]]; then
 (resource.k8s.io/v1)"
   fi
   note "Kubernetes $server_major.$server_minor"
+  if ((server_major == 1 && server_minor < 36)); then
+    note "note: pods asking aws.amazon.com/neuron in resources.limits (device-plugin pod specs) \
+need Kubernetes 1.36+ to be served by this driver; here they stay Pending. Use ResourceClaims"
+  fi
 else
   note "warning: could not read the server version; continuing"
 fi
@@ -151,6 +155,14 @@ fi
 device_plugin_nodes=$(kubectl get nodes -o \
   jsonpath='{range .items[*]}{.metadata.name}{"\t"}{.status.allocatable.aws\.amazon\.com/neuron}{"\t"}{.status.allocatable.aws\.amazon\.com/neuroncore}{"\n"}{end}' |
   awk -F '\t' '($2 != "" && $2 != "0") || ($3 != "" && $3 != "0") {print $1}')
+# Its DaemonSet, too: nodes that have not advertised yet (new nodes, a plugin restarting)
+# would be served by both as soon as it does.
+device_plugin_sets=$(kubectl get daemonsets -A \
+  -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}' 2>/dev/null |
+  grep -E '(^|/)neuron-device-plugin' || true)
+if [[ -n $device_plugin_sets && -z $device_plugin_nodes ]]; then
+  device_plugin_nodes="(none advertises yet; DaemonSet $(tr '\n' ' ' <<<"$device_plugin_sets"))"
+fi
 if [[ -n $device_plugin_nodes ]]; then
   msg="these nodes advertise aws.amazon.com/neuron or neuroncore, so the Neuron device plugin
 runs on them:

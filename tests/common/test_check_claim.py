@@ -514,7 +514,14 @@ async def test_kubeconfig_without_device_classes(
 
 def test_default_device_classes() -> None:
     classes = {c["metadata"]["name"]: c for c in default_device_classes()}
-    assert sorted(classes) == ["neuron.aws.com", "ultraserver.neuron.aws.com"]
+    assert sorted(classes) == [
+        "extended-resource.neuron.aws.com",
+        "neuron.aws.com",
+        "ultraserver.neuron.aws.com",
+    ]
+    assert classes["extended-resource.neuron.aws.com"]["spec"]["extendedResourceName"] == (
+        "aws.amazon.com/neuron"
+    )
     assert NEURON_CLASS_EXPRESSION == (
         'device.driver == "neuron.aws.com" && '
         '!("workloadId" in device.attributes["neuron.aws.com"])'

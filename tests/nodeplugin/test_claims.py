@@ -253,6 +253,23 @@ def test_node_device_overlapping_devices_rejected() -> None:
 # --- connected sets ---------------------------------------------------------------------------
 
 
+def test_an_extended_resource_claim_that_is_not_connected_says_to_use_a_claim() -> None:
+    """The scheduler's claim for ``aws.amazon.com/neuron: 4`` has no request a user can
+    constrain: the refusal says so and names the claim-based way (never a silent set)."""
+    claim = make_claim(devices(0, 2, 3, 4, request="container-0-request-0"))
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    with pytest.raises(ClaimError) as e:
+        plan(claim, TRN2)
+    assert "device set 0, 2, 3, 4" in str(e.value)
+    assert "resources.limits aws.amazon.com/neuron" in str(e.value)
+    assert "matchAttribute constraint on resource.aws.com/devicegroup<N>_id" in str(e.value)
+    assert e.value.permanent
+    # A connected set from the same path is prepared like any other.
+    claim = make_claim(devices(4, 5, 6, 7, request="container-0-request-0"))
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    assert plan(claim, TRN2).device_indices == (4, 5, 6, 7)
+
+
 def test_connected_set_error_exact() -> None:
     with pytest.raises(ClaimError) as e:
         plan(make_claim(devices(*range(7))), TRN1)

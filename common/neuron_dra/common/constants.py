@@ -21,6 +21,10 @@ ATTRIBUTE_DOMAIN: Final = DRIVER_NAME
 DEVICE_CLASS_NEURON: Final = "neuron.aws.com"
 #: Used by the ResourceClaimTemplates the controller generates for workloads.
 DEVICE_CLASS_ULTRASERVER: Final = "ultraserver.neuron.aws.com"
+#: Backs the device plugin's extended resource (pods asking ``aws.amazon.com/neuron``).
+DEVICE_CLASS_EXTENDED_RESOURCE: Final = "extended-resource.neuron.aws.com"
+#: The Neuron device plugin's whole-device extended resource.
+EXTENDED_RESOURCE_NEURON: Final = "aws.amazon.com/neuron"
 
 #: Namespace of the driver's own objects, including every NeuronUltraServer.
 DRIVER_NAMESPACE: Final = "neuron-dra-driver"

@@ -368,7 +368,10 @@ def plan_claim_on(
         # reserved devices too), no runtime configuration (KEP-5018 admin access).
         lnc = mode = workload_id = None
     else:
-        _check_connected(key, profile, by_device, indices)
+        try:
+            _check_connected(key, profile, by_device, indices)
+        except ClaimError as exc:
+            raise _for_extended_resource(exc, meta) from None
         lnc, mode = _runtime_settings(
             key, _list(allocation.get("config")), by_device, node_facts, node, driver_name
         )
@@ -467,6 +470,25 @@ def _device_indices(
             f"request either {NODE_DEVICE_NAME} or individual devices"
         )
     return tuple(sorted(indices))
+
+
+#: The scheduler's annotation on the claim it makes for a pod's extended resources (KEP-5004).
+EXTENDED_RESOURCE_CLAIM_ANNOTATION: Final = "resource.kubernetes.io/extended-resource-claim"
+
+
+def _for_extended_resource(exc: ClaimError, meta: Mapping[str, Any]) -> ClaimError:
+    """``exc`` with what a pod asking ``aws.amazon.com/neuron: N`` can do: its claim has no
+    request to constrain, and the scheduler takes devices in the order it finds them."""
+    if _dict(meta.get("annotations")).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
+        return exc
+    return ClaimError(
+        f"{exc.message} This claim was made by the scheduler for the pod's extended resource "
+        "(resources.limits aws.amazon.com/neuron), which takes devices in the order it finds "
+        "them and cannot ask for a connected set: use a ResourceClaimTemplate with a "
+        "matchAttribute constraint on resource.aws.com/devicegroup<N>_id instead "
+        "(docs/configuration.md, \"Pods written for the device plugin\").",
+        permanent=exc.permanent,
+    )
 
 
 def _check_connected(

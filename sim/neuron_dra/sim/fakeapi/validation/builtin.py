@@ -281,10 +281,19 @@ def apply_builtin_defaults(group: str, plural: str, obj: dict[str, Any]) -> None
 def gate_device_taints(
     plural: str, obj: dict[str, Any], old: dict[str, Any] | None, *, enabled: bool, now: str
 ) -> None:
-    """In place, for ResourceSlices: what kube-apiserver does with device taints. With the
-    ``DRADeviceTaints`` feature off they are dropped, unless the stored slice already has
-    some; kept taints get ``timeAdded`` = now when the writer left it empty (every write:
-    a republish without it restarts the clock)."""
+    """In place: fields of features a 1.34 server has off by default, dropped as
+    kube-apiserver's strategies drop them (known fields: no strict-decoding error).
+
+    - DeviceClass ``extendedResourceName`` (``DRAExtendedResource``, alpha in 1.34), unless
+      the stored class already has one.
+    - ResourceSlice device taints (``DRADeviceTaints``): dropped when ``enabled`` is False,
+      unless the stored slice already has some; kept taints get ``timeAdded`` = now when the
+      writer left it empty (every write: a republish without it restarts the clock).
+    """
+    if plural == "deviceclasses":
+        if not (old and get_dict(old, "spec").get("extendedResourceName")):
+            get_dict(obj, "spec").pop("extendedResourceName", None)
+        return
     if plural != "resourceslices":
         return
     devices = [d for d in get_list(get_dict(obj, "spec"), "devices") if isinstance(d, dict)]
