@@ -803,7 +803,9 @@ async def test_pending_until_capacity_appears(ctl: Controller, cluster: Cluster)
     cond = condition(cluster, "big", "Allocated")
     assert cond["status"] == "False" and cond["reason"] == "InsufficientCapacity"
     assert "needs 2 free 4-node units of trn2u.48xlarge; 1 available" in cond["message"]
-    assert cluster.entries(key) == [] and len(cluster.templates()) == 1
+    # Its template exists already (made when the workload is accepted, before units are
+    # free): its pods' claims wait for tagged devices, not for the template.
+    assert cluster.entries(key) == [] and len(cluster.templates()) == 2
     await ctl.catch_up()
     assert ctl.reconciler.pending_keys() == [key]
 
@@ -1348,14 +1350,15 @@ CLEAN_ALLOCATION_WRITES = 5
 
 async def test_clean_allocation_writes_the_minimum(fake_apiserver: FakeAPIServer) -> None:
     crash_scenario(fake_apiserver)
-    # The finalizer, one entry write per UltraServer used, the template, and one workload
-    # status write: Pending (here: no state yet) straight to Allocated, no "Allocating"
-    # record before the entries. The crash test below kills the controller after each.
+    # The template (first: pods applied with the workload find it), the finalizer, one entry
+    # write per UltraServer used, and one workload status write: Pending (here: no state
+    # yet) straight to Allocated, no "Allocating" record before the entries. The crash test
+    # below kills the controller after each.
     assert await record_allocation_writes(fake_apiserver) == [
+        "create resourceclaimtemplates",
         "update neuronultraserverworkloads",
         "update neuronultraservers/status",
         "update neuronultraservers/status",
-        "create resourceclaimtemplates",
         "update neuronultraserverworkloads/status Allocated",
     ]
     assert len(Cluster(fake_apiserver).events(reason="Allocated")) == 1
@@ -1486,7 +1489,8 @@ async def test_interrupted_allocation_is_rolled_back_when_it_cannot_complete(
         await fresh.stop()
     assert state(cluster, "job") == PENDING
     assert cluster.entries() == [], "no leaked reservation"
-    assert cluster.templates() == []
+    # The template stays while the workload waits (it was made when it was accepted).
+    assert [t["metadata"]["name"] for t in cluster.templates()] == ["job"]
 
 
 def test_unit_type_is_the_allocators() -> None:

@@ -196,3 +196,20 @@ async def test_a_claim_gone_or_replaced_is_not_an_error(
         assert writer._worker.failures == 0
     finally:
         await writer.stop()
+
+
+async def test_a_report_the_server_refuses_as_invalid_is_dropped_not_retried(
+    writer_parts: tuple[FakeAPIServer, Holder, DeviceStatusWriter],
+) -> None:
+    """1.34's apply of a claim's status can fail on the claim's own allocation ("field is
+    immutable", 422): the claim is prepared all the same, so the report is dropped."""
+    server, holder, writer = writer_parts
+    uid = await created_claim(server, "c4", ("neurondevice6",))
+    holder.put(entry(uid, "c4", ("neurondevice6",), WORKLOAD_ENV))
+    server.faults.fail_next(100, 422, verb="patch", resource="resourceclaims/status")
+    writer.start()
+    try:
+        await settle(writer, server, lambda: uid in writer.written)
+        assert server.faults.injected == 1 and writer._worker.failures == 0
+    finally:
+        await writer.stop()

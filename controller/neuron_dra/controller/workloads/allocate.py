@@ -14,8 +14,10 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from neuron_dra.common.constants import FINALIZER_WORKLOAD
 from neuron_dra.common.events import EventType
 from neuron_dra.common.k8s.client import object_key
+from neuron_dra.common.k8s.writes import has_finalizer
 from neuron_dra.controller import allocator
 from neuron_dra.controller.allocator import Decision, Unit
 from neuron_dra.controller.unitindex import UnitIndex
@@ -80,6 +82,16 @@ async def allocate(t: Tools, obj: JsonDict, wl: Workload) -> ReconcileResult:
         decide(obj, t.fleet.workloads(), t.fleet.held_refs, units, validate) if verdict.ok else None
     )
     t.metrics.decision_seconds.observe(time.perf_counter() - started)
+    if verdict.ok:
+        # The template before anything else: it selects by workloadId, not by units, so it
+        # can exist before the allocation. Pods applied together with the workload (the
+        # seed's Deployment in the same file) then find it when the resourceclaim controller
+        # makes their claims, instead of failing and waiting out its growing back-off. A
+        # conflict is reported by ``finish``, which ensures it again.
+        await ensure_template(t.fleet, obj, wl)
+    if not has_finalizer(obj, FINALIZER_WORKLOAD):
+        # Before any entry is written: deleting the workload must release what it holds.
+        obj = await t.write.ensure_finalizer(wl)
     if not verdict.ok:
         await t.write.set_status(
             wl,

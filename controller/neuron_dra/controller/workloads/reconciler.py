@@ -110,10 +110,10 @@ class WorkloadReconciler:
                 # A previous incarnation's entries or a damaged record: ours to drop at once.
                 await t.write.remove_entries(surplus)
                 held, _ = self._holdings(wl)
-            if not has_finalizer(obj, FINALIZER_WORKLOAD):
-                obj = await t.write.ensure_finalizer(wl)
             if not held:
                 return await allocate(t, obj, wl)
+            if not has_finalizer(obj, FINALIZER_WORKLOAD):
+                obj = await t.write.ensure_finalizer(wl)
             return await maintain(t, obj, wl, held)
         except AllocationRaceError as exc:
             log.info("allocation of %s lost a race, re-planning: %s", key, exc)

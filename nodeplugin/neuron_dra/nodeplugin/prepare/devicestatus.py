@@ -24,7 +24,6 @@ once and stops, and nothing else fails.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -32,7 +31,12 @@ from typing import Any, Final
 from neuron_dra.common.constants import DRIVER_NAME
 from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient, PatchType
 from neuron_dra.common.k8s.clock import Clock, SystemClock
-from neuron_dra.common.k8s.errors import ConflictError, ForbiddenError, NotFoundError
+from neuron_dra.common.k8s.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+)
 from neuron_dra.common.k8s.workqueue import RateLimiter
 from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.cdi import (
@@ -150,6 +154,7 @@ class DeviceStatusWriter:
         self.written: dict[str, tuple[str, str, list[dict[str, Any]]]] = {}
         #: False once the API server refused us the permission: nothing more is tried.
         self.permitted = True
+        self._invalid_logged = False
         self._worker = SyncWorker(
             "claim-device-status",
             self._sync,
@@ -178,7 +183,7 @@ class DeviceStatusWriter:
     ) -> None:
         """Apply our entries. A claim gone, or another one under the name now (409 on the
         uid), has nothing of ours to report on."""
-        with contextlib.suppress(NotFoundError, ConflictError):
+        try:
             await self._api.patch(
                 name,
                 apply_body(namespace, name, uid, devices),
@@ -188,6 +193,21 @@ class DeviceStatusWriter:
                 field_manager=FIELD_MANAGER,
                 force=True,
             )
+        except (NotFoundError, ConflictError):
+            pass
+        except InvalidError as exc:
+            # The API server refuses this report for good (1.34's apply of a claim's status
+            # fails on its own allocation, "field is immutable"): retrying cannot help, and
+            # the claim is prepared all the same. Said once, not per claim.
+            if not self._invalid_logged:
+                self._invalid_logged = True
+                log.warning(
+                    "the API server refused status.devices of ResourceClaim %s/%s (%s); such "
+                    "reports are dropped, the claims work as prepared",
+                    namespace,
+                    name,
+                    exc,
+                )
 
     async def _sync(self) -> None:
         if not self.permitted:
