@@ -13,8 +13,11 @@ ATTRIBUTES = [v for k, v in vars(c).items() if k.startswith("ATTR_") and isinsta
 
 @pytest.mark.parametrize("name", ATTRIBUTES)
 def test_attribute_names_are_short_c_identifiers(name: str) -> None:
-    assert C_IDENTIFIER.match(name)
-    assert len(name) <= c.MAX_ATTRIBUTE_ID_LENGTH
+    # Qualified names (Kubernetes' standard ones) are <DNS subdomain>/<C identifier>.
+    domain, _, ident = name.rpartition("/")
+    assert C_IDENTIFIER.match(ident)
+    assert len(ident) <= c.MAX_ATTRIBUTE_ID_LENGTH
+    assert domain in ("", c.STANDARD_ATTRIBUTE_DOMAIN)
 
 
 def test_attribute_count_leaves_room_for_capacities_and_groups() -> None:

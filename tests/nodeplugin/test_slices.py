@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -25,6 +26,7 @@ from neuron_dra.common.profiles import PROFILES, connected_groups
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
+    PciLocation,
     UltraServerInfo,
     UltraServerMode,
 )
@@ -64,6 +66,11 @@ def efa_address(i: int) -> str:
     return f"0000:{0x10 + i // 4:02x}:{0x1B + i % 4:02x}.0"
 
 
+def pci_location(i: int) -> PciLocation:
+    """Two devices per root complex, the first half of the roots on NUMA node 0."""
+    return PciLocation(f"0000:{0x11 + i:02x}:00.0", f"pci0000:{0x10 + i // 2 * 2:02x}", i // 8)
+
+
 def make_inventory(
     instance_type: str,
     *,
@@ -75,6 +82,7 @@ def make_inventory(
     unhealthy: tuple[int, ...] = (),
     chip: str | None = None,
     cores: int | None = None,
+    pci: bool = False,
 ) -> NodeInventory:
     profile = PROFILES.get(instance_type)
     n = count if count is not None else profile.device_count if profile else 1
@@ -94,6 +102,7 @@ def make_inventory(
                 device_name=chip or (profile.device_name if profile else None),
                 efa_pci_address=efa_address(i) if efa else None,
                 healthy=i not in unhealthy,
+                pci=pci_location(i) if pci else None,
             )
             for i in range(n)
         ),
@@ -175,6 +184,35 @@ def test_trn2_device_attributes_exact() -> None:
         "healthy": {"bool": True},
     }
     assert device["capacity"] == {"memory": {"value": "96Gi"}, "cores": {"value": "8"}}
+
+
+def test_pci_location_as_standard_attributes() -> None:
+    slices = build(make_inventory("trn2u.48xlarge", ultraserver=US_FULL, pci=True))
+    got = attrs(slices, "neurondevice9")
+    assert {k: v for k, v in got.items() if k.startswith("resource.kubernetes.io/")} == {
+        "resource.kubernetes.io/pciBusID": "0000:1a:00.0",
+        "resource.kubernetes.io/pcieRoot": "pci0000:18",
+        "resource.kubernetes.io/numaNode": 1,
+    }
+    assert devices_of(slices)["neurondevice9"]["attributes"]["resource.kubernetes.io/numaNode"] == {
+        "int": 1
+    }
+    # The whole-node device spans every root complex: it has none of them.
+    assert not [k for k in attrs(slices, "neuronnode") if k.startswith("resource.kubernetes.io/")]
+    assert_api_valid(slices)
+
+
+def test_pci_attributes_only_as_far_as_known() -> None:
+    inv = make_inventory("trn2.48xlarge", pci=True)
+    devices = list(inv.devices)
+    devices[0] = dataclasses.replace(devices[0], pci=PciLocation("0000:11:00.0"))  # no root, NUMA
+    devices[1] = dataclasses.replace(devices[1], pci=None)  # address unknown
+    slices = build(dataclasses.replace(inv, devices=tuple(devices)))
+    assert {k for k in attrs(slices, "neurondevice0") if "/" in k and "kubernetes" in k} == {
+        "resource.kubernetes.io/pciBusID"
+    }
+    assert not [k for k in attrs(slices, "neurondevice1") if k.startswith("resource.kubernetes")]
+    assert "resource.kubernetes.io/pcieRoot" in attrs(slices, "neurondevice2")
 
 
 def test_driver_version_selector_attribute_from_seed() -> None:
@@ -413,12 +451,12 @@ def test_fullest_device_fits_the_attribute_limit() -> None:
         LABEL_NETWORK_NODE_LAYER2: "b",
         LABEL_NETWORK_NODE_LAYER3: "c",
     }
-    inv = make_inventory("trn2u.48xlarge", efa=True, ultraserver=US_FULL)
+    inv = make_inventory("trn2u.48xlarge", efa=True, ultraserver=US_FULL, pci=True)
     slices = build(inv, node_labels=labels, workload_ids={"node": "w"})
     device = devices_of(slices)["neurondevice0"]
     total = len(device["attributes"]) + len(device["capacity"])
     # Pinned so that adding an attribute is a deliberate decision about the 32 budget.
-    assert total == 26 <= MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
+    assert total == 29 <= MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
     assert_api_valid(slices)
 
 

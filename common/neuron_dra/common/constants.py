@@ -83,6 +83,18 @@ def device_group_attribute(size: int) -> str:
     return f"{DEVICE_GROUP_DOMAIN}/devicegroup{size}_id"
 
 
+#: Kubernetes' standard attributes (the upstream helper package
+#: k8s.io/dynamic-resource-allocation/deviceattribute names them): the same names from every
+#: driver, so one ``matchAttribute`` aligns a Neuron device with a NIC, EFA or CPU device of
+#: another driver under the same PCIe root complex or NUMA node.
+STANDARD_ATTRIBUTE_DOMAIN: Final = "resource.kubernetes.io"
+#: ``pci<domain>:<bus>`` of the root complex above the device, e.g. ``pci0000:57``.
+ATTR_PCIE_ROOT: Final = f"{STANDARD_ATTRIBUTE_DOMAIN}/pcieRoot"
+#: The device's own PCI address, ``<domain>:<bus>:<device>.<function>``, e.g. ``0000:58:00.0``.
+ATTR_PCI_BUS_ID: Final = f"{STANDARD_ATTRIBUTE_DOMAIN}/pciBusID"
+#: The NUMA node of the device (int); absent when the kernel reports none (-1).
+ATTR_NUMA_NODE: Final = f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"
+
 RESOURCE_TYPE_DEVICE: Final = "neuron_device"
 RESOURCE_TYPE_NODE: Final = "neuron_node"
 

@@ -23,6 +23,7 @@ from neuron_dra.common.constants import (
 from neuron_dra.common.k8s.client import connect
 from neuron_dra.common.k8s.errors import PermanentError
 from neuron_dra.common.logsetup import add_logging_flags, setup_logging
+from neuron_dra.nodeplugin.discovery.pci import DEFAULT_KERNEL_LOG, PciSources
 from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 
 
@@ -64,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--emulation-mode",
         default=_env("NEURON_DRA_DRIVER_EMULATION_MODE"),
         help="emulate an instance type (env NEURON_DRA_DRIVER_EMULATION_MODE)",
+    )
+    p.add_argument(
+        "--kernel-log",
+        default=_env("KERNEL_LOG", str(DEFAULT_KERNEL_LOG)),
+        help="kernel log with the Neuron driver's probe lines, which pair device indices with "
+        "PCI addresses: /dev/kmsg or a capture of it; empty: do not read one (env KERNEL_LOG)",
+    )
+    p.add_argument(
+        "--neuron-ls-json",
+        default=_env("NEURON_LS_JSON"),
+        help="a capture of `neuron-ls -j` on this node, another source of the device index to "
+        "PCI address pairing (env NEURON_LS_JSON)",
     )
     p.add_argument("--emulated-ultraserver-id", default=_env("EMULATED_ULTRASERVER_ID"))
     p.add_argument("--emulated-ultraserver-node-id", default=_env("EMULATED_ULTRASERVER_NODE_ID"))
@@ -112,6 +125,10 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         plugins_dir=Path(args.kubelet_plugins_directory_path),
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
+        pci_sources=PciSources(
+            kernel_log=Path(args.kernel_log) if args.kernel_log else None,
+            neuron_ls_json=Path(args.neuron_ls_json) if args.neuron_ls_json else None,
+        ),
         emulation_mode=args.emulation_mode or None,
         emulated_ultraserver_id=args.emulated_ultraserver_id or None,
         emulated_ultraserver_node_id=int(node_id) if node_id not in (None, "") else None,

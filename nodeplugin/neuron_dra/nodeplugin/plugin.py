@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from neuron_dra.nodeplugin.discovery.emulation import (
     write_emulated_tree,
 )
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.discovery.pci import PciSources, locate
 from neuron_dra.nodeplugin.discovery.udev import scan_udev
 from neuron_dra.nodeplugin.kubeletapi import (
     DeviceHealthReport,
@@ -99,6 +100,9 @@ class PluginConfig:
     dev_root: Path = Path("/dev")
     #: The host's /opt (node-wide LNC file); None skips it.
     opt_root: Path | None = Path("/opt")
+    #: Where the device index -> PCI address pairing is read (not used under emulation,
+    #: whose tree carries its own captures).
+    pci_sources: PciSources = field(default_factory=PciSources)
     emulation_mode: str | None = None
     emulated_ultraserver_id: str | None = None
     emulated_ultraserver_node_id: int | None = None
@@ -136,6 +140,9 @@ class KubeletPlugin:
         self.inventory: NodeInventory | None = None
         self._node_labels: dict[str, str] = {}
         self._emulated: EmulatedPaths | None = None
+        #: Device index -> PCI address learned so far: the kernel log's probe lines may rotate
+        #: out of its ring buffer while the devices stay where they are.
+        self._pci_known: dict[int, str] = {}
         self.health = HealthBoard()
         publisher_metrics = PublisherMetrics(self.registry)
         # UltraServer reservations (NeuronUltraServer allocations naming this node) become
@@ -237,13 +244,17 @@ class KubeletPlugin:
             return scan_emulated(
                 self._emulated, node_name=cfg.node_name, node_labels=self._node_labels
             )
-        return scan_udev(
+        inventory = scan_udev(
             cfg.sysfs_root,
             cfg.dev_root,
             node_name=cfg.node_name,
             node_labels=self._node_labels,
             opt_root=cfg.opt_root,
         )
+        inventory, self._pci_known = locate(
+            inventory, cfg.sysfs_root, cfg.pci_sources, known=self._pci_known
+        )
+        return inventory
 
     async def discover(self) -> bool:
         """Scan once; returns True when the inventory changed. Never raises on bad sysfs."""

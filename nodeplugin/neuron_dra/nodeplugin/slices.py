@@ -24,6 +24,9 @@ from neuron_dra.common.constants import (
     ATTR_INSTANCE_TYPE,
     ATTR_LOGICAL_CORE_COUNT,
     ATTR_NEURON_DRIVER_VERSION,
+    ATTR_NUMA_NODE,
+    ATTR_PCI_BUS_ID,
+    ATTR_PCIE_ROOT,
     ATTR_RESOURCE_TYPE,
     ATTR_TOPOLOGY4_ID,
     ATTR_TOPOLOGY8_ID,
@@ -290,6 +293,13 @@ def _device_entry(
                 attrs[attr] = _int(device.index // size)
     for name, group_id in groups.items():
         attrs[name] = _str(group_id)
+    if device.pci is not None:
+        # Kubernetes' standard names: a claim aligns these with other drivers' devices.
+        attrs[ATTR_PCI_BUS_ID] = _str(device.pci.bus_id)
+        if device.pci.pcie_root is not None:
+            attrs[ATTR_PCIE_ROOT] = _str(device.pci.pcie_root)
+        if device.pci.numa_node is not None:
+            attrs[ATTR_NUMA_NODE] = _int(device.pci.numa_node)
     if workload_id is not None:
         attrs[ATTR_WORKLOAD_ID] = _str(workload_id)
     attrs[ATTR_HEALTHY] = _bool(device.healthy)

@@ -21,6 +21,14 @@ profile (``neuron_dra.common.profiles``):
     files only in a tree carrying the marker, so this cannot leak into a real node.
 ``<root>/opt/aws/neuron/logical_nc_config``
     Only when ``lnc`` is given.
+``<root>/sys/devices/pci<domain>:<bus>/...``, ``<root>/sys/bus/pci/{devices,drivers}``
+    The PCI devices behind the Neuron devices (and the EFA devices paired with them, where
+    the type has one per Neuron device) under several root complexes, bound to the
+    ``neuron`` (``efa``) driver (``emulated_pci.py`` says what the layout follows).
+``<root>/kmsg``, ``<root>/neuron-ls.json``
+    What ``discovery/pci.py`` pairs device indices with PCI addresses from: a capture of the
+    kernel log with the driver's probe lines (none for Inferentia, whose driver prints none)
+    and of ``neuron-ls -j``.
 ``<root>/efa-map.json``
     Only when ``efa`` is true; load it with ``sysfs.load_efa_map``.
 
@@ -57,7 +65,9 @@ from types import MappingProxyType
 
 from neuron_dra.common.profiles import PROFILES, InstanceProfile, Topology
 
+from .emulated_pci import kernel_log, neuron_ls_json, pci_layout, write_pci_tree
 from .model import NO_SERVER_ID, NodeInventory, UltraServerMode
+from .pci import PciSources, locate
 from .sysfs import (
     CLASS_DIR,
     DMI_PRODUCT_NAME_FILES,
@@ -73,6 +83,8 @@ from .sysfs import (
 
 DEFAULT_DRIVER_VERSION = "2.24.7.0"
 EFA_MAP_FILE = "efa-map.json"
+KERNEL_LOG_FILE = "kmsg"
+NEURON_LS_FILE = "neuron-ls.json"
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
@@ -113,6 +125,9 @@ class EmulatedPaths:
     dev_root: Path
     opt_root: Path
     efa_map_path: Path | None = None
+    #: The kernel log and neuron-ls captures (None: a tree written before they existed).
+    kernel_log: Path | None = None
+    neuron_ls_json: Path | None = None
 
 
 def known_types() -> list[str]:
@@ -191,19 +206,14 @@ def derive_ultraserver(node_name: str) -> tuple[str, int]:
     return f"{m.group(1)}{n // 4}", n % 4
 
 
-def efa_pci_address(index: int) -> str:
-    # Made-up but well-formed and distinct addresses, one bus per device.
-    return f"0000:{0x10 + index:02x}:1b.0"
-
-
 # --- writing --------------------------------------------------------------------------------
 
 
 class _Writer:
     """Writes files, creating each parent directory once.
 
-    A trn2 tree has ~350 files in ~500 directories, written at every plugin start (it is
-    part of the start-up time to the first publish): directories already made are
+    A trn2 tree has ~460 files in ~600 directories and links, written at every plugin start
+    (it is part of the start-up time to the first publish): directories already made are
     remembered, and files are written with plain ``os`` calls (a text-mode ``open`` per file
     costs more than the write).
     """
@@ -261,7 +271,7 @@ def _prepare_root(root: Path) -> None:
         return
     if not (root / "sys" / EMULATION_MARKER).is_file():
         raise ValueError(f"{root} is not empty and holds no emulated tree; refusing to overwrite")
-    for name in ("sys", "dev", "opt", EFA_MAP_FILE):
+    for name in ("sys", "dev", "opt", EFA_MAP_FILE, KERNEL_LOG_FILE, NEURON_LS_FILE):
         path = root / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -318,10 +328,13 @@ def write_emulated_tree(
         dev_root=root / "dev",
         opt_root=root / "opt",
         efa_map_path=root / EFA_MAP_FILE if efa else None,
+        kernel_log=root / KERNEL_LOG_FILE,
+        neuron_ls_json=root / NEURON_LS_FILE,
     )
     params = json.dumps(
         {
-            "format": 1,
+            # 2: with the PCI tree and its captures (a format-1 tree is rewritten).
+            "format": 2,
             "instanceType": instance_type,
             "nodeName": node_name,
             "ultraserverId": ultraserver_id,
@@ -349,6 +362,11 @@ def write_emulated_tree(
         w.symlink(sysfs / CLASS_DIR / f"neuron{index}", f"../../{VIRTUAL_DIR}/neuron{index}")
         (dev / f"neuron{index}").touch()
 
+    layout = pci_layout(profile, with_efa=instance_type in _EFA_ONE_PER_DEVICE)
+    write_pci_tree(w, sysfs, layout)
+    w.write(root / KERNEL_LOG_FILE, kernel_log(profile, layout))
+    linked = [list(neighbours(profile, i)) for i in range(profile.device_count)]
+    w.write(root / NEURON_LS_FILE, neuron_ls_json(profile, layout, linked))
     _write_ultraserver_files(w, sysfs, profile, node_name, ultraserver_id, ultraserver_node_id)
     w.write(sysfs / MODULE_VERSION_FILE, f"{driver_version}\n")
     class_dmi, virtual_dmi = DMI_PRODUCT_NAME_FILES
@@ -358,7 +376,7 @@ def write_emulated_tree(
     if lnc is not None:
         w.write(paths.opt_root / LOGICAL_NC_CONFIG_FILE, f"NEURON_LOGICAL_NC_CONFIG={lnc}\n")
     if paths.efa_map_path is not None:
-        mapping = {str(i): efa_pci_address(i) for i in range(profile.device_count)}
+        mapping = {str(i): f.bus_id for i, f in enumerate(layout.efa)}
         w.write(paths.efa_map_path, json.dumps(mapping, indent=2) + "\n")
     # Last: only a complete tree is ever reused.
     written.write_text(params)
@@ -421,8 +439,9 @@ def _write_ultraserver_files(
 def scan_emulated(
     paths: EmulatedPaths, *, node_name: str, node_labels: Mapping[str, str] = _NO_LABELS
 ) -> NodeInventory:
-    """Run the production scanner over an emulated tree, with its LNC file and EFA map."""
-    return scan(
+    """Run the production scanner over an emulated tree, with its LNC file and EFA map,
+    and pair its devices with their PCI addresses from its captures."""
+    inventory = scan(
         paths.sysfs_root,
         paths.dev_root,
         node_name=node_name,
@@ -430,6 +449,8 @@ def scan_emulated(
         opt_root=paths.opt_root,
         efa_map=load_efa_map(paths.efa_map_path) if paths.efa_map_path is not None else None,
     )
+    sources = PciSources(kernel_log=paths.kernel_log, neuron_ls_json=paths.neuron_ls_json)
+    return locate(inventory, paths.sysfs_root, sources)[0]
 
 
 # --- test helpers: change a written tree ----------------------------------------------------

@@ -54,6 +54,18 @@ NO_SERVER_ID = "0000000000000000"
 
 
 @dataclass(frozen=True)
+class PciLocation:
+    """Where a Neuron device sits on the PCI bus (``discovery/pci.py`` says how it is known)."""
+
+    #: ``0000:58:00.0``: the PCI device bound to the neuron driver that is this device.
+    bus_id: str
+    #: ``pci0000:57``: the root complex above it; None if sysfs does not show one.
+    pcie_root: str | None = None
+    #: NUMA node of the PCI device; None when the kernel reports none (-1).
+    numa_node: int | None = None
+
+
+@dataclass(frozen=True)
 class NeuronDevice:
     """One ``/dev/neuron<index>`` device."""
 
@@ -78,6 +90,9 @@ class NeuronDevice:
     faults: tuple[HealthFault, ...] = ()
     #: The device node is a placeholder file of emulation mode, not a character device.
     emulated: bool = False
+    #: PCI address, root complex and NUMA node; None when no trustworthy source names the
+    #: PCI device behind ``/dev/neuron<index>`` (sysfs does not link the two).
+    pci: PciLocation | None = None
 
     @property
     def unhealthy_reasons(self) -> tuple[str, ...]:
