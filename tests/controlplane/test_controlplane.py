@@ -294,6 +294,56 @@ async def test_delete_unprepares_and_frees_the_devices(sim: Sim) -> None:
     assert len(devices_of(sim.claim_of(second))) == 16
 
 
+async def test_a_claim_with_a_driver_the_node_lacks_is_prepared_with_no_driver(sim: Sim) -> None:
+    # Another driver's device on trn1-0 (no kubelet plugin of it runs there), claimed together
+    # with a Neuron device: scheduled, but the kubelet finds no plugin for it and prepares
+    # nothing, so nothing has to be unprepared when the pod goes.
+    other = "nic.test.example"
+    sim.api.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": other},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{other}"'}}]},
+        }
+    )
+    sim.api.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"trn1-0-{other}"},
+            "spec": {
+                "driver": other,
+                "nodeName": "trn1-0",
+                "pool": {"name": "trn1-0", "generation": 0, "resourceSliceCount": 1},
+                "devices": [{"name": "nic0"}],
+            },
+        }
+    )
+    both = template("both", 1)
+    both["spec"]["spec"]["devices"]["requests"].append(
+        {"name": "nic", "exactly": {"deviceClassName": other}}
+    )
+    sim.api.create(both)
+    sim.api.create(pod("mixed", "both"))
+    (event,) = await until(
+        lambda: sim.events("mixed", "FailedPrepareDynamicResources"), "the prepare failure"
+    )
+    assert event["note"] == f"DRA driver {other} is not registered"
+    p = sim.pod("mixed")
+    assert p is not None and p["spec"]["nodeName"] == "trn1-0"
+    claim = sim.claim_of(p)
+    assert {r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]} == {
+        DRIVER,
+        other,
+    }
+    assert not list(sim.cdi_dir("trn1-0").glob("*.json")), "no driver prepared anything"
+    sim.api.delete("v1", "Pod", "mixed", NS)
+    await until(lambda: sim.pod("mixed") is None, "the pod gone")
+    await until(lambda: sim.claim(claim["metadata"]["name"]) is None, "its claim gone")
+    assert not sim.events("mixed", "FailedUnprepareDynamicResources")
+
+
 def running_set(sim: Sim, workload: PodSet) -> Callable[[], list[dict[str, Any]] | None]:
     """The workload's pods not being deleted, once it has all it wants and they are Running."""
 

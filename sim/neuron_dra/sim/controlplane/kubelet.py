@@ -7,7 +7,8 @@ over the plugin's real gRPC sockets through
 - registration: scan the registration directory until a plugin registers;
 - a pod bound to the node (watched with ``fieldSelector=spec.nodeName=<node>``): resolve its
   claims, GET each one, require an allocation and the pod in ``reservedFor``, then one
-  ``NodePrepareResources`` per driver with all of the pod's claims of that driver. On success
+  ``NodePrepareResources`` per driver with all of the pod's claims of that driver (once every
+  driver has a registered plugin: else none is called). On success
   the pod is marked Running (no containers are run) and the CDI device ids each container got
   are recorded in the pod annotation ``sim.neuron.aws.com/cdi-devices`` (JSON
   ``{container: [ids]}``, matched by ``resources.claims[].name/request`` as the kubelet does).
@@ -250,11 +251,17 @@ class SimKubelet(Loop[str]):
         for pcl in wanted:
             for driver in sorted(pcl.drivers - set(pcl.by_driver)):
                 by_driver.setdefault(driver, []).append(pcl)
-        for driver, claims in by_driver.items():
+        plugins = {}
+        # Every driver's plugin first, as the kubelet does: a claim with devices of a driver
+        # that has no plugin on the node is not prepared with any driver (nothing would
+        # have to be unprepared when the pod goes).
+        for driver in by_driver:
             try:
-                plugin = self.client.plugin(driver)
+                plugins[driver] = self.client.plugin(driver)
             except KeyError:
                 raise PrepareError(f"DRA driver {driver} is not registered") from None
+        for driver, claims in by_driver.items():
+            plugin = plugins[driver]
             try:
                 results = await plugin.prepare([c.ref for c in claims])
             except PluginCallError as exc:
