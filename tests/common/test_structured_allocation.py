@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from neuron_dra.common.profiles import PROFILES
+from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -826,3 +828,103 @@ def test_allocations_are_valid(scenario: Any) -> None:
     if constraint != "none":
         values = {devices[d.device]["attributes"][constraint]["string"] for d in outcome.devices}
         assert len(values) == 1
+
+
+# --- standard attributes across drivers ----------------------------------------------------------
+
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+NIC_DRIVER = "nic.test.example"
+NIC_CLASSES: dict[str, dict[str, Any]] = {
+    **CLASSES,
+    NIC_DRIVER: {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": NIC_DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC_DRIVER}"'}}]},
+    },
+}
+
+
+def emulated_slices(tmp_path: Path, node: str) -> list[dict[str, Any]]:
+    """A trn2.48xlarge's slices as its plugin publishes them, PCI attributes included."""
+    paths = write_emulated_tree(tmp_path / node, "trn2.48xlarge", node_name=node)
+    return build_resource_slices(
+        scan_emulated(paths, node_name=node),
+        node_name=node,
+        node_uid=UID,
+        node_labels={},
+        dra_driver_version="0.1.0",
+        generation=0,
+    )
+
+
+def nic_slice(node: str, nics: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Another driver's node-local pool: NIC name -> its attributes."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{NIC_DRIVER}"},
+        "spec": {
+            "driver": NIC_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": n, "attributes": dict(a)} for n, a in nics.items()],
+        },
+    }
+
+
+def by_driver(result: AllocationResult) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for d in result.devices:
+        out.setdefault(d.driver, []).append(d.device)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_match_attribute_aligns_devices_of_two_drivers_under_one_pcie_root(
+    tmp_path: Path,
+) -> None:
+    neuron = emulated_slices(tmp_path, "node-a")
+    nics = nic_slice(
+        "node-a",
+        {
+            "nic-far": {PCIE_ROOT: {"string": "pci0000:01"}},  # no Neuron device under it
+            "nic-bare": {},  # publishes no root: never matches
+            "nic-57": {PCIE_ROOT: {"string": "pci0000:57"}},  # devices 5 and 6 are under it
+        },
+    )
+    slices = [*neuron, nics]
+    pcie = [{"matchAttribute": PCIE_ROOT}]
+    one = claim(request("n", count=1), request("nic", count=1, device_class=NIC_DRIVER))
+    unaligned = ok(allocate(one, classes=NIC_CLASSES, slices=slices, allocated=set()))
+    assert by_driver(unaligned) == {DRIVER: ["neurondevice0"], NIC_DRIVER: ["nic-far"]}
+    one["devices"]["constraints"] = pcie
+    aligned = ok(allocate(one, classes=NIC_CLASSES, slices=slices, allocated=set()))
+    assert by_driver(aligned) == {DRIVER: ["neurondevice5"], NIC_DRIVER: ["nic-57"]}
+    two = claim(
+        request("n", count=2), request("nic", count=1, device_class=NIC_DRIVER), constraints=pcie
+    )
+    result = ok(allocate(two, classes=NIC_CLASSES, slices=slices, allocated=set()))
+    assert by_driver(result)[DRIVER] == ["neurondevice5", "neurondevice6"]
+    taken = {(DRIVER, "node-a", "neurondevice5")}
+    result = ok(allocate(one, classes=NIC_CLASSES, slices=slices, allocated=taken))
+    assert by_driver(result) == {DRIVER: ["neurondevice6"], NIC_DRIVER: ["nic-57"]}
+    three = claim(
+        request("n", count=3), request("nic", count=1, device_class=NIC_DRIVER), constraints=pcie
+    )
+    failed(allocate(three, classes=NIC_CLASSES, slices=slices, allocated=set()))
+
+
+def test_match_attribute_on_the_numa_node_across_drivers(tmp_path: Path) -> None:
+    slices = [
+        *emulated_slices(tmp_path, "node-a"),
+        nic_slice("node-a", {"cpu-numa1": {NUMA_NODE: {"int": 1}}}),
+    ]
+    c = claim(
+        request("n", count=4),
+        request("cpu", count=1, device_class=NIC_DRIVER),
+        constraints=[{"matchAttribute": NUMA_NODE}],
+    )
+    result = ok(allocate(c, classes=NIC_CLASSES, slices=slices, allocated=set()))
+    # Devices 4-11 sit on NUMA node 0 in the emulated layout; the first four of node 1 are 0-3.
+    assert by_driver(result)[DRIVER] == [f"neurondevice{i}" for i in range(4)]

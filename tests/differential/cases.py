@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from neuron_dra.common.constants import (
+    ATTR_NUMA_NODE,
+    ATTR_PCIE_ROOT,
     DEVICE_CLASS_NEURON,
     DRIVER_NAME,
     LABEL_NETWORK_NODE_LAYER1,
@@ -92,7 +94,7 @@ class NodeSpec:
 
 
 def _scratch_dir() -> str | None:
-    """Emulated trees are ~350 small files a node: on tmpfs they take a tenth of the time."""
+    """Emulated trees are ~460 small files a node: on tmpfs they take a tenth of the time."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -334,6 +336,8 @@ _CONSTRAINT_ATTRIBUTES: Final = (
     f"{DRIVER_NAME}/instanceType",
     f"{DRIVER_NAME}/topology4_id",
     f"{DRIVER_NAME}/ultraserverId",
+    ATTR_PCIE_ROOT,
+    ATTR_NUMA_NODE,
 )
 
 
