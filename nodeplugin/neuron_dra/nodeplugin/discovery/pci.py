@@ -241,8 +241,6 @@ def read_pairings(
                 found[str(path)] = pair_addresses(pairs, bound, str(path), problems)
             else:
                 unread.append(f"{path}: no probe line of the neuron driver (rotated out?)")
-    if sources.neuron_ls_json is None and sources.kernel_log is None:
-        unread.append("no source configured")
     return found, unread
 
 
@@ -300,7 +298,9 @@ def locate(
     The sources are read only when ``known`` lacks a device or names an address no longer
     bound to the neuron driver.
     """
-    if not inventory.devices:
+    if not inventory.devices or (sources.neuron_ls_json is None and sources.kernel_log is None):
+        # No source configured is a choice (the chart's default: an unprivileged plugin can
+        # read neither), not a problem to log on every rescan.
         return inventory, {}
     problems: list[str] = []
     try:
