@@ -406,6 +406,25 @@ def test_plugin_emulation_mode(rendered: dict[str, list[dict[str, Any]]]) -> Non
     assert not any(a.startswith("--emulation-mode") for a in default["args"])
 
 
+def test_a_neuron_ls_capture_is_mounted_and_passed_to_the_plugin(helm: Helm) -> None:
+    objects = _docs(
+        helm.template_text(
+            Overrides.of("kubeletPlugin.pciLocation.neuronLsJson=/run/neuron-dra/neuron-ls.json")
+        )
+    )
+    ds = one(objects, "DaemonSet")
+    c = container(ds)
+    args = plugin_main.build_parser().parse_args(c["args"])
+    config = plugin_main.config_from_args(args)
+    assert str(config.pci_sources.neuron_ls_json) == "/run/neuron-dra/neuron-ls.json"
+    # The chart's default: no kernel log, which a plain container cannot read.
+    assert config.pci_sources.kernel_log is None
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "neuron-ls"]
+    assert mount == {"name": "neuron-ls", "mountPath": "/run/neuron-dra", "readOnly": True}
+    (volume,) = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "neuron-ls"]
+    assert volume["hostPath"] == {"path": "/run/neuron-dra", "type": "DirectoryOrCreate"}
+
+
 def test_plugin_args_and_env_are_what_the_plugin_reads(
     rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
