@@ -406,7 +406,10 @@ def test_plugin_emulation_mode(rendered: dict[str, list[dict[str, Any]]]) -> Non
     assert not any(a.startswith("--emulation-mode") for a in default["args"])
 
 
-def test_a_neuron_ls_capture_is_mounted_and_passed_to_the_plugin(helm: Helm) -> None:
+def test_a_neuron_ls_capture_is_mounted_and_passed_to_the_plugin(
+    helm: Helm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "n1")  # from the pod's spec.nodeName on a node
     objects = _docs(
         helm.template_text(
             Overrides.of("kubeletPlugin.pciLocation.neuronLsJson=/run/neuron-dra/neuron-ls.json")
