@@ -252,6 +252,65 @@ def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
     assert not undeclared, f"product imports nothing in its dependencies installs: {undeclared}"
 
 
+def read_pure_modules(text: str) -> tuple[list[str], list[str], list[str]]:
+    """(pure modules, what they may not import, the exceptions) from the doc's table."""
+    block = re.search(r"<!-- pure-modules -->(.*?)<!-- /pure-modules -->", text, re.S)
+    assert block, "docs/architecture.md lost its <!-- pure-modules --> table"
+    pure: list[str] = []
+    forbidden: list[str] = []
+    allowed: list[str] = []
+    for line in block.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        pure += re.findall(r"`([\w.]+)`", cells[0])
+        kept = re.sub(r"\(except ([^)]*)\)", "", cells[1])
+        forbidden += re.findall(r"`([\w.]+)`", kept)
+        for exception in re.findall(r"\(except ([^)]*)\)", cells[1]):
+            allowed += re.findall(r"`([\w.]+)`", exception)
+    assert pure and forbidden, "the pure-modules table has no rows"
+    return pure, forbidden, allowed
+
+
+PURE, IMPURE, IMPURE_EXCEPTIONS = read_pure_modules(DOC.read_text(encoding="utf-8"))
+
+
+def impure_imports(source: str, module: str) -> list[str]:
+    """The I/O ``source`` (the text of pure ``module``) imports, by line."""
+    tree = ast.parse(source)
+    return [
+        f"{module}:{line}: imports {name}"
+        for line, name in imported_names(tree, module)
+        if any(_within(name, bad) for bad in IMPURE)
+        and not any(_within(name, ok) for ok in IMPURE_EXCEPTIONS)
+    ]
+
+
+def test_pure_modules_import_no_io() -> None:
+    paths = {module_name(p): p for p in package_modules()}
+    missing = [m for m in PURE if m not in paths]
+    assert not missing, f"the pure-modules table names modules that do not exist: {missing}"
+    found = [v for m in PURE for v in impure_imports(paths[m].read_text(encoding="utf-8"), m)]
+    assert not found, "pure modules import I/O:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import asyncio\n",
+        "def f():\n    from pathlib import Path\n",
+        "from neuron_dra.common.k8s.client import NODES\n",
+        "from neuron_dra.nodeplugin.atomicfile import replace_file\n",
+    ],
+)
+def test_the_purity_check_can_fail(source: str) -> None:
+    assert impure_imports(source, "neuron_dra.nodeplugin.prepare.decide")
+    assert not impure_imports(
+        "from neuron_dra.common.k8s.client.resources import resource_version\n",
+        "neuron_dra.nodeplugin.publish.sliceplan",
+    )
+
+
 def read_module_map(text: str) -> list[Path]:
     """The paths of the doc's module map. In a row's first cell the first path is relative to
     the checkout; the further names are siblings of the first (``main.py``, ``manager.py``)."""

@@ -23,7 +23,7 @@ from neuron_dra.common.constants import (
     LABEL_INSTANCE_TYPE,
     NETWORK_NODE_LAYER_ATTRIBUTES,
 )
-from neuron_dra.common.k8s.client import resource_version
+from neuron_dra.common.k8s.client.resources import resource_version
 from neuron_dra.nodeplugin.publish.taints import carry_time_added
 from neuron_dra.nodeplugin.slices import next_generation, slice_content_changed
 

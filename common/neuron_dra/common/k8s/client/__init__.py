@@ -22,7 +22,7 @@ The modules: :mod:`.resources` (kinds and patch types), :mod:`.config` (configur
 """
 
 from .config import connect, in_cluster, load_configuration
-from .resource_client import ListResult, ResourceClient, object_key, resource_version
+from .resource_client import ListResult, ResourceClient
 from .resources import (
     CONFIG_MAPS,
     CUSTOM_RESOURCE_DEFINITIONS,
@@ -39,6 +39,8 @@ from .resources import (
     RESOURCE_SLICES,
     ApiResource,
     PatchType,
+    object_key,
+    resource_version,
 )
 from .transport import DEFAULT_TIMEOUTS, KubeClient, QueryParams, Timeouts
 from .watch import MAX_LINE_BYTES, WatchEvent, WatchStream

@@ -322,15 +322,3 @@ class ResourceClient:
         return await self.kube.stream(
             path, query=query, server_timeout_seconds=float(timeout_seconds)
         )
-
-
-def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` (or ``name`` for cluster-scoped objects), as client-go keys them."""
-    meta = _meta(obj)
-    ns = meta.get("namespace")
-    name = str(meta.get("name") or "")
-    return f"{ns}/{name}" if ns else name
-
-
-def resource_version(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")

@@ -9,8 +9,10 @@ real API server rejects.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 from urllib.parse import quote
 
 from neuron_dra.common import constants
@@ -108,3 +110,18 @@ class PatchType(StrEnum):
     JSON = "application/json-patch+json"
     #: Server-side apply; needs a field manager.
     APPLY = "application/apply-patch+yaml"
+
+
+# --- reading any object (pure: modules that must not depend on the client import these) ------
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (or ``name`` for cluster-scoped objects), as client-go keys them."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    name = str(meta.get("name") or "")
+    return f"{ns}/{name}" if ns else name
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
