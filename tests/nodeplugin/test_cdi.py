@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from neuron_dra.common.profiles import PROFILES, connected_groups
+from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.cdi import (
-    UltraServerPeers,
     cdi_device_ids,
     cdi_spec_for,
     claim_env,

@@ -26,8 +26,9 @@ from kubernetes_asyncio import client
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import UltraServerPeers, spec_file_name, write_cdi_spec
+from neuron_dra.nodeplugin.cdi import spec_file_name, write_cdi_spec
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
 from neuron_dra.nodeplugin.nodelock import NodeLock, NodeLockTimeout

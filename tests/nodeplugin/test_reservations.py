@@ -29,9 +29,8 @@ from neuron_dra.common.constants import (
 )
 from neuron_dra.common.k8s.client import KubeClient, object_key
 from neuron_dra.common.k8s.clock import InstantClock
-from neuron_dra.common.ultraserver import Reservation, workload_id
-from neuron_dra.nodeplugin.cdi import UltraServerPeers, spec_file_name
-from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.common.ultraserver import Reservation, UltraServerPeers, workload_id
+from neuron_dra.nodeplugin.cdi import spec_file_name
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
@@ -83,19 +82,6 @@ def entry(
     if leader is not None:
         e["leaderNodeName"] = leader
     return e
-
-
-def plan(wid: str | None) -> ClaimPlan:
-    return ClaimPlan(
-        claim_uid="uid-1",
-        namespace="ml",
-        name="train-0",
-        devices=((("neurons",), NODE_DEVICE_NAME),),
-        device_indices=tuple(range(16)),
-        lnc=None,
-        ultraserver_mode_nodes=None,
-        workload_id=wid,
-    )
 
 
 class Env:
@@ -342,7 +328,7 @@ async def test_topology_for_the_reserved_workload_only(env: Env) -> None:
     async with asyncio.timeout(WAIT):
         await w.wait_lookups()
 
-    peers = w.topology(plan(WID))
+    peers = w.topology(WID)
     assert peers == UltraServerPeers(
         ultraserver_index=3, topology_size=2, node_index=1, leader_host="leader.ec2.internal"
     )
@@ -350,8 +336,8 @@ async def test_topology_for_the_reserved_workload_only(env: Env) -> None:
     # Devices tagged for a workload with no entry naming this node (a stale tag, after a
     # release or a move): refused, never prepared without a rank.
     with pytest.raises(ReservationError, match=f"holds no reservation for workload {OTHER_WID}"):
-        w.topology(plan(OTHER_WID))
-    assert w.topology(plan(None)) is None
+        w.topology(OTHER_WID)
+    assert w.topology(None) is None
     assert env.clock.sleeps == []
 
 
@@ -366,14 +352,14 @@ async def test_leader_lookup_falls_back_to_the_node_name(env: Env) -> None:
     await seen(w, obj)
     async with asyncio.timeout(WAIT):
         await w.wait_lookups()
-    peers = w.topology(plan(WID))
+    peers = w.topology(WID)
     assert peers is not None and peers.leader_host == LEADER  # Node not found
     assert w.leader_host(PEER) == PEER
 
     # No leaderNodeName recorded: rank 0 is the first node of the workload's unit 0.
     obj = env.nus("us-a", entry([PEER, NODE], leader=None))
     await seen(w, obj)
-    peers = w.topology(plan(WID))
+    peers = w.topology(WID)
     assert peers is not None and (peers.leader_host, peers.global_topo_id) == (PEER, 1)
 
     # Neither recorded nor derivable: the claim fails (and is retried) rather than getting a
@@ -381,7 +367,7 @@ async def test_leader_lookup_falls_back_to_the_node_name(env: Env) -> None:
     obj = env.nus("us-a", entry([NODE], leader=None, index=1))
     await seen(w, obj)
     with pytest.raises(ReservationError, match=f"leader node of workload {WID} is unknown"):
-        w.topology(plan(WID))
+        w.topology(WID)
 
 
 async def test_leader_lookup_retries_then_caches_per_reservation(env: Env) -> None:

@@ -67,6 +67,25 @@ class Reservation:
         return global_topo_id(self.unit_index, self.topology_size, self.node_index)
 
 
+@dataclass(frozen=True)
+class UltraServerPeers:
+    """Where a node sits in an operator workload, as its containers' environment says it
+    (from its :class:`Reservation` and the leader's address)."""
+
+    #: Index of this UltraServer unit within the workload (allocation ``ultraserverIndex``).
+    ultraserver_index: int
+    #: Nodes per unit (the workload's ``topologySize``: 1, 2 or 4).
+    topology_size: int
+    #: This node's position within its unit, 0..topology_size-1.
+    node_index: int
+    #: Address of the workload's rank-0 node (global topology id 0).
+    leader_host: str
+
+    @property
+    def global_topo_id(self) -> int:
+        return global_topo_id(self.ultraserver_index, self.topology_size, self.node_index)
+
+
 def reservations(nus: Mapping[str, Any]) -> list[Reservation]:
     """Every (node, unit) reservation recorded in one NeuronUltraServer object."""
     name = str((nus.get("metadata") or {}).get("name", ""))

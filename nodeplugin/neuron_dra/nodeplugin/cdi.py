@@ -24,11 +24,12 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME
+from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.atomicfile import fsync_dir, replace_file
 from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
@@ -49,24 +50,6 @@ _CDI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 class CdiError(RuntimeError):
     """The plan cannot be expressed as a CDI spec. Internal: plan_claim should have refused it."""
-
-
-@dataclass(frozen=True)
-class UltraServerPeers:
-    """Where this node sits in an operator workload (from its NeuronUltraServer allocation)."""
-
-    #: Index of this UltraServer unit within the workload (allocation ``ultraserverIndex``).
-    ultraserver_index: int
-    #: Nodes per unit (the workload's ``topologySize``: 1, 2 or 4).
-    topology_size: int
-    #: This node's position within its unit, 0..topology_size-1.
-    node_index: int
-    #: Address of the workload's rank-0 node (global topology id 0).
-    leader_host: str
-
-    @property
-    def global_topo_id(self) -> int:
-        return self.ultraserver_index * self.topology_size + self.node_index
 
 
 # --- pure: spec content --------------------------------------------------------------------------

@@ -46,9 +46,7 @@ from neuron_dra.common.k8s.client import NEURON_ULTRASERVERS, NODES, KubeClient,
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.errors import KubeError, NotFoundError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
-from neuron_dra.common.ultraserver import Reservation, node_reservations
-from neuron_dra.nodeplugin.cdi import UltraServerPeers
-from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.common.ultraserver import Reservation, UltraServerPeers, node_reservations
 from neuron_dra.nodeplugin.slices import WHOLE_NODE
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -284,8 +282,9 @@ class ReservationWatcher:
         """The leader's address if looked up, else its node name (resolvable on EKS)."""
         return self._leader_hosts.get(leader_node_name, leader_node_name)
 
-    def topology(self, plan: ClaimPlan) -> UltraServerPeers | None:
-        """For ``Preparer(topology=...)``: this node's place in the claim's workload.
+    def topology(self, workload_id: str | None) -> UltraServerPeers | None:
+        """For ``Preparer(topology=...)``: this node's place in workload ``workload_id`` (the
+        one a claim's devices are tagged for; None: a claim of no workload).
 
         None for a claim whose devices carry no workload tag; :class:`ReservationError` when
         they do but no entry of that workload names this node (a stale tag: permanent) or
@@ -293,10 +292,10 @@ class ReservationWatcher:
         not only the one in effect: the facts of an entry are right for its own workload, and
         which claims may use the devices is decided by the published tags (claims.py).
         """
-        if plan.workload_id is None:
+        if workload_id is None:
             return None
         match = next(
-            (e.reservation for e in self._entries if e.reservation.workload_id == plan.workload_id),
+            (e.reservation for e in self._entries if e.reservation.workload_id == workload_id),
             None,
         )
         if match is None:
@@ -306,7 +305,7 @@ class ReservationWatcher:
             # collectives; refuse, and let the controller move the claim.
             raise ReservationError(
                 f"node {self.node_name} holds no reservation for workload "
-                f"{plan.workload_id} (released or moved); its devices' workloadId tag is stale",
+                f"{workload_id} (released or moved); its devices' workloadId tag is stale",
                 retryable=False,
             )
         leader = match.leader_node_name or workload_leader(self.store.list(), match.workload_id)

@@ -58,11 +58,11 @@ from neuron_dra.common.constants import DRIVER_NAME
 from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
+from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.cdi import (
     CDI_KIND,
     CdiError,
-    UltraServerPeers,
     cdi_spec_for,
     claim_env,
     remove_cdi_spec,
@@ -96,12 +96,12 @@ log = logging.getLogger(__name__)
 
 InventoryProvider = Callable[[], NodeInventory]
 PublishedProvider = Callable[[], Mapping[str, Mapping[str, Any]]]
-TopologyProvider = Callable[[ClaimPlan], UltraServerPeers | None]
+TopologyProvider = Callable[[str | None], UltraServerPeers | None]
 
 REASON_PREPARE_FAILED: Final = "PrepareFailed"
 
 
-def _no_topology(plan: ClaimPlan) -> UltraServerPeers | None:
+def _no_topology(workload_id: str | None) -> UltraServerPeers | None:
     return None
 
 
@@ -408,7 +408,7 @@ class Preparer:
         """This node's place in the claim's workload (the topology provider's answer); a
         refusal as the kubelet and the user should see it."""
         try:
-            return self._topology(plan)
+            return self._topology(plan.workload_id)
         except ReservationError as exc:
             raise decide.reservation_failure(plan, str(exc), retryable=exc.retryable) from None
 
