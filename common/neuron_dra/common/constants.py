@@ -145,6 +145,15 @@ def format_ultraserver_modes(node_counts: Iterable[int]) -> str:
     return "_".join(str(c) for c in counts)
 
 
+def parse_ultraserver_modes(value: object) -> tuple[int, ...]:
+    """The node counts an ``ultraserverModes`` value (or the mode label) carries, ascending;
+    () for anything that is not one. The one reader of what :func:`format_ultraserver_modes`
+    writes (tests/docs/test_wire_readers.py keeps it so)."""
+    if not isinstance(value, str):
+        return ()
+    return tuple(sorted({int(part) for part in value.split("_") if part.isdigit()}))
+
+
 # --- opaque device configs ------------------------------------------------------------------
 
 CONFIG_API_VERSION: Final = "neuron.aws.com/v1"

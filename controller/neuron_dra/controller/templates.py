@@ -8,7 +8,6 @@ the pods exactly on the reserved nodes, without node affinities or labels to mai
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -29,6 +28,7 @@ from neuron_dra.common.models.configs import (
     UltraServerConfig,
     encode_opaque_config,
 )
+from neuron_dra.common.names import is_label_value
 
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 #: Value of ``MANAGED_BY_LABEL`` on everything the controller generates.
@@ -36,10 +36,6 @@ MANAGED_BY_VALUE: Final = "neuron-dra-controller"
 #: The one request of the generated claims (a DNS label; users may refer to it in
 #: ``resources.claims[].request``).
 REQUEST_NAME: Final = "neuron-node"
-
-# A label value: the workload id is one (it also travels in LABEL_WORKLOAD_ID), and that
-# charset needs no escaping inside a CEL string literal.
-_LABEL_VALUE: Final = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def node_selector_expression(workload_id: str) -> str:
@@ -50,7 +46,9 @@ def node_selector_expression(workload_id: str) -> str:
     ``in`` tests first make such devices simply not match. ``resourceType`` is guarded too,
     for devices published by a driver version that did not set it.
     """
-    if not workload_id or len(workload_id) > 63 or not _LABEL_VALUE.match(workload_id):
+    # A label value: the workload id is one (it also travels in LABEL_WORKLOAD_ID), and that
+    # charset needs no escaping inside a CEL string literal.
+    if not workload_id or not is_label_value(workload_id):
         raise ValueError(f"workload id {workload_id!r} is not a valid label value")
     attrs = f'device.attributes["{ATTRIBUTE_DOMAIN}"]'
     return (

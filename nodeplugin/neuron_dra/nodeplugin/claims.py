@@ -33,6 +33,7 @@ from neuron_dra.common.constants import (
     LABEL_WORKLOAD_ID,
     NODE_DEVICE_NAME,
     device_name,
+    parse_ultraserver_modes,
 )
 from neuron_dra.common.profiles import (
     PROFILES,
@@ -190,7 +191,7 @@ def published_facts(published: Mapping[str, Mapping[str, Any]]) -> NodeFacts:
     return NodeFacts(
         profile=profile,
         device_indices=frozenset(i for name in published if (i := _device_index(name)) is not None),
-        ultraserver_node_counts=tuple(int(m) for m in modes.split("_") if m.isdigit()),
+        ultraserver_node_counts=parse_ultraserver_modes(modes),
         ultraserver_elected=None,
     )
 

@@ -52,6 +52,7 @@ from neuron_dra.common.constants import (
     device_name,
     format_ultraserver_modes,
 )
+from neuron_dra.common.names import C_IDENTIFIER_RE, DNS1123_LABEL_RE
 from neuron_dra.common.profiles import (
     GIB,
     InstanceProfile,
@@ -79,10 +80,10 @@ GROUP_ID_HEX_CHARS: Final = 16
 
 _MAX_OBJECT_NAME: Final = 253
 
-# Formats the API server enforces (resource.k8s.io/v1 validation). Duplicated here rather than
-# imported from the fake API server's validator: production code must not depend on test code.
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# Formats the API server enforces (resource.k8s.io/v1 validation): the shared name formats, and
+# the strict semver of version attributes (only slices publish one).
+_C_IDENTIFIER = C_IDENTIFIER_RE
+_DNS_LABEL = DNS1123_LABEL_RE
 _SEMVER = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(-((0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"

@@ -37,6 +37,7 @@ from neuron_dra.common.models.k8s import (
     rule,
     rules,
 )
+from neuron_dra.common.names import DNS1123_LABEL_FMT
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt
 
 #: An instance type is free-form (Trn3 names are not a stable public list, and the seed's
@@ -63,7 +64,7 @@ WorkloadRef = Annotated[
     str,
     Field(
         max_length=317,  # 63-char namespace + "/" + 253-char name
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=f"^{DNS1123_LABEL_FMT}/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="The workload holding this allocation, as namespace/name.",
     ),
 ]

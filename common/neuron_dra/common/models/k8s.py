@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from neuron_dra.common.names import DNS1123_SUBDOMAIN_FMT
+from neuron_dra.common.names import DNS1123_SUBDOMAIN_FMT, QUALIFIED_NAME_FMT
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from pydantic.alias_generators import to_camel
 
@@ -103,8 +103,7 @@ class Condition(CamelModel):
 
     type: str = Field(
         max_length=316,
-        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-        r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        pattern=f"^({DNS1123_SUBDOMAIN_FMT}/)?({QUALIFIED_NAME_FMT})$",
     )
     status: Literal["True", "False", "Unknown"]
     observed_generation: NonNegativeInt | None = None

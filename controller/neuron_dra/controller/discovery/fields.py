@@ -14,6 +14,7 @@ from neuron_dra.common.constants import (
     ATTRIBUTE_DOMAIN,
     DRIVER_NAME,
     NODE_DEVICE_NAME,
+    parse_ultraserver_modes,
 )
 
 
@@ -91,10 +92,7 @@ def pool_generation(slice_: Mapping[str, Any]) -> int:
 
 def parse_modes(value: str | None) -> int | None:
     """Largest node count in ``ultraserverModes`` (``1_2_4`` -> 4); None if absent/garbage."""
-    if not value:
-        return None
-    counts = [int(p) for p in value.split("_") if p.isdigit()]
-    return max(counts) if counts else None
+    return max(parse_ultraserver_modes(value), default=None)
 
 
 NodeState = Literal["Ready", "NotReady", "Missing"]

@@ -12,14 +12,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from neuron_dra.common.names import DNS1123_SUBDOMAIN_RE
+from neuron_dra.common.names import DNS1123_SUBDOMAIN_RE, LABEL_VALUE_RE
 
 ANNOTATION_ULTRASERVER_ID: Final = "neuron.aws.com/ultraserver-id"
 LABEL_ULTRASERVER_ID: Final = "neuron.aws.com/ultraserver-id"
 
 _HASH_CHARS: Final = 8
 _DNS_SUBDOMAIN = DNS1123_SUBDOMAIN_RE
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_VALUE = LABEL_VALUE_RE
 _MAX_NAME: Final = 253
 _MAX_LABEL: Final = 63
 

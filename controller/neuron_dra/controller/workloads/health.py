@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from neuron_dra.common.constants import ATTR_HEALTHY, ATTR_ULTRASERVER_MODES, ATTR_WORKLOAD_ID
+from neuron_dra.common.constants import (
+    ATTR_HEALTHY,
+    ATTR_ULTRASERVER_MODES,
+    ATTR_WORKLOAD_ID,
+    parse_ultraserver_modes,
+)
 from neuron_dra.controller.discovery.fields import attribute as attr
 from neuron_dra.controller.discovery.fields import devices_of, node_state
 
@@ -64,9 +69,4 @@ def published_modes(slices: Iterable[Mapping[str, Any]]) -> set[int]:
 
 
 def parse_modes(value: Any) -> set[int]:
-    out: set[int] = set()
-    if isinstance(value, str):
-        for part in value.split("_"):
-            if part.isdigit():
-                out.add(int(part))
-    return out
+    return set(parse_ultraserver_modes(value))
