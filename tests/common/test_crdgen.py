@@ -111,10 +111,13 @@ def test_workload_spec_constraints() -> None:
         "NoOp",
         "RestartAll",
         "ReplaceAffected",
+        "MigrateAffected",
     ]
     assert _at(spec, "config.logicalNeuronCore")["enum"] == [1, 2]
+    assert _at(spec, "config.logicalNeuronCore")["default"] == 2
     status = _at(_schemas()["NeuronUltraServerWorkload"], "status")
     assert _at(status, "allocationTime")["format"] == "date-time"
+    assert _at(status, "allocatedAt")["format"] == "date-time"
     assert _at(status, "conditions")["x-kubernetes-list-map-keys"] == ["type"]
 
 

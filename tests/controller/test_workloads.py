@@ -706,7 +706,7 @@ async def test_seed_example_allocates_two_ultraservers(ctl: Controller, cluster:
     entries = cluster.entries(key)
     assert sorted((us, e["ultraserverIndex"]) for us, e in entries) == [("us-a", 0), ("us-b", 1)]
     for us, e in entries:
-        assert e["workloadId"] == wid and e["nodeCount"] == 4 and e["phase"] == "Reserved"
+        assert e["workloadId"] == wid and e["nodeCount"] == 4 and e["phase"] == "Pending"
         assert e["allocatedNodes"] == [f"{us}-n{i}" for i in range(4)]
         assert e["leaderNodeName"] == "us-a-n0" and e["allocatedAt"]
     assert cluster.nus("us-a")["status"]["state"] == "FullyAllocated"
@@ -724,11 +724,11 @@ async def test_seed_example_allocates_two_ultraservers(ctl: Controller, cluster:
     (event,) = cluster.events(reason="Allocated")
     assert "us-a, us-b" in event["note"] and "us-b-n3" in event["note"]
 
-    # The node plugins tag their slices: Ready, and the entries become Active.
+    # The node plugins tag their slices: Ready, and the entries become Bound.
     cluster.publish_tags()
     await ctl.converge(key)
     assert condition(cluster, "my-training-job", "Ready")["status"] == "True"
-    assert {e["phase"] for _, e in cluster.entries(key)} == {"Active"}
+    assert {e["phase"] for _, e in cluster.entries(key)} == {"Bound"}
 
     # Steady state: another reconcile writes nothing at all.
     before = cluster.writes()
@@ -1086,12 +1086,14 @@ async def test_restart_all_goes_pending_without_capacity(ctl: Controller, cluste
     assert state(cluster, "job") == ALLOCATED
 
 
+# MigrateAffected: AWS's operator's name for it, the same strategy.
+@pytest.mark.parametrize("strategy", ["ReplaceAffected", "MigrateAffected"])
 async def test_replace_affected_swaps_only_the_failed_unit(
-    ctl: Controller, cluster: Cluster
+    ctl: Controller, cluster: Cluster, strategy: str
 ) -> None:
     for us in ("us-a", "us-b", "us-c"):
         cluster.add_ultraserver(us)
-    obj = await allocate(ctl, cluster, "job", size=4, count=2, strategy="ReplaceAffected")
+    obj = await allocate(ctl, cluster, "job", size=4, count=2, strategy=strategy)
     wid = wid_of(obj)
     cluster.publish_tags()
     for us in ("us-a", "us-b"):

@@ -104,7 +104,7 @@ def reservations(nus: Mapping[str, Any]) -> list[Reservation]:
                     node_name=node,
                     node_index=index,
                     leader_node_name=entry.get("leaderNodeName"),
-                    phase=str(entry.get("phase") or "Reserved"),
+                    phase=str(entry.get("phase") or "Pending"),
                 )
             )
     return out

@@ -28,6 +28,7 @@ from neuron_dra.common.models.configs import (
     UltraServerConfig,
     encode_opaque_config,
 )
+from neuron_dra.common.models.crds import DEFAULT_WORKLOAD_LNC
 from neuron_dra.common.names import is_label_value
 
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
@@ -67,8 +68,11 @@ def template_name(workload_obj: Mapping[str, Any]) -> str:
 
 def _configs(spec: Mapping[str, Any]) -> list[OpaqueConfig]:
     configs: list[OpaqueConfig] = [UltraServerConfig(ultraserver_mode=int(spec["topologySize"]))]
-    lnc = (spec.get("config") or {}).get("logicalNeuronCore")
-    if lnc is not None:
+    config = spec.get("config")
+    if isinstance(config, Mapping):
+        # The schema defaults it inside ``config``; the default is repeated here for objects
+        # stored before it had one. Without ``config`` the nodes' default applies.
+        lnc = config.get("logicalNeuronCore", DEFAULT_WORKLOAD_LNC)
         configs.append(NeuronConfig(logical_neuron_core=int(lnc)))
     return configs
 

@@ -105,12 +105,17 @@ TemplateName = Annotated[
 ]
 
 SERVER_COUNT_MAX = 1000
+#: ``config.logicalNeuronCore`` when ``config`` is given without it.
+DEFAULT_WORKLOAD_LNC = 2
 
 # ---------------------------------------------------------------------------------------------
 # NeuronUltraServerWorkload
 # ---------------------------------------------------------------------------------------------
 
-FailureStrategy = Literal["NoOp", "RestartAll", "ReplaceAffected"]
+#: ``MigrateAffected`` is what AWS's shipped operator calls ``ReplaceAffected`` (the spelling
+#: of its documentation, and ours): both are accepted and mean the same; the controller reads
+#: one as the other (docs/configuration.md, "Compatibility with AWS's UltraServer operator").
+FailureStrategy = Literal["NoOp", "RestartAll", "ReplaceAffected", "MigrateAffected"]
 WorkloadState = Literal[
     "Pending", "Allocating", "Allocated", "PartiallyAllocated", "Failed", "Deallocating"
 ]
@@ -124,7 +129,8 @@ class AllocationPolicy(CamelModel):
     failure_strategy: FailureStrategy = Field(
         default="NoOp",
         description="NoOp: report only. RestartAll: release everything, reallocate and "
-        "restart all pods. ReplaceAffected: swap the failed unit and evict only its pods.",
+        "restart all pods. ReplaceAffected: swap the failed unit and evict only its pods. "
+        "MigrateAffected: the same as ReplaceAffected (the name AWS's operator uses).",
     )
 
 
@@ -144,10 +150,15 @@ class WorkloadDeviceConfig(CamelModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    logical_neuron_core: LogicalNeuronCore | None = Field(
-        default=None,
+    # Defaulted to 2 inside ``config``, as AWS's operator defaults it: a workload written for
+    # that operator with ``config: {}`` gets what it got there. Without ``config`` the claims
+    # carry no NeuronConfig and the nodes' default applies (2 on Trn2/Trn3 unless the node's
+    # logical_nc_config says otherwise), which is also what that operator documents.
+    logical_neuron_core: LogicalNeuronCore = Field(
+        default=DEFAULT_WORKLOAD_LNC,
         json_schema_extra={"enum": [1, 2]},
-        description="Logical NeuronCore size (1 or 2); Trn2/Trn3 only. Unset: node default.",
+        description="Logical NeuronCore size (1 or 2); Trn2/Trn3 only. Default 2; without "
+        "config at all, the nodes' default.",
     )
 
 
@@ -211,6 +222,10 @@ class NeuronUltraServerWorkloadStatus(CamelModel):
     )
     total_nodes_allocated: NonNegativeInt | None = None
     allocation_time: Timestamp | None = None
+    allocated_at: Timestamp | None = Field(
+        default=None,
+        description="The same time as allocationTime, under the name AWS's operator uses.",
+    )
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_LIST)
     observed_generation: NonNegativeInt | None = None
 
@@ -248,9 +263,12 @@ class NeuronUltraServerWorkload(CamelModel):
 
 LinkStatus = Literal["Up", "Down", "Unknown"]
 UltraServerState = Literal["Available", "PartiallyAllocated", "FullyAllocated"]
-#: Reserved: written by the controller, node plugins not yet tagged. Active: devices tagged,
-#: claims may be prepared. Releasing: being released, tags still being cleared.
-AllocationPhase = Literal["Reserved", "Active", "Releasing"]
+#: Pending: written by the controller, node plugins not yet tagged. Bound: devices tagged,
+#: claims may be prepared. Releasing: being released, tags still being cleared. Pending and
+#: Bound are the words (and meanings) of AWS's operator; Reserved and Active are how earlier
+#: versions of neuron-dra spelt them, still valid in stored objects and read as Pending and
+#: Bound (the controller rewrites them).
+AllocationPhase = Literal["Pending", "Bound", "Releasing", "Reserved", "Active"]
 
 ULTRASERVER_MAX_NODES = 4
 
@@ -317,7 +335,12 @@ class UltraServerAllocation(CamelModel):
         description="Position of this unit within the workload; global topology id of a node "
         "= ultraserverIndex * topologySize + node index.",
     )
-    phase: AllocationPhase = "Reserved"
+    phase: AllocationPhase = Field(
+        default="Pending",
+        description="Pending: recorded, the nodes' devices not yet tagged. Bound: tagged, the "
+        "workload's claims may be allocated and prepared. Releasing: being released. "
+        "Reserved and Active: how earlier versions spelt Pending and Bound.",
+    )
     allocated_at: Timestamp | None = None
 
 

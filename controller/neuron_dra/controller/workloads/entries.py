@@ -15,13 +15,14 @@ from typing import Any
 from neuron_dra.controller.allocator import Unit
 
 from .model import (
-    PHASE_ACTIVE,
+    PHASE_BOUND,
+    PHASE_PENDING,
     PHASE_RELEASING,
-    PHASE_RESERVED,
     AllocationRaceError,
     Held,
     JsonDict,
     entry_identity,
+    entry_phase,
     meta_of,
     nus_members,
     status_of,
@@ -86,7 +87,7 @@ def by_ultraserver(entries: Iterable[Held]) -> dict[str, list[Held]]:
 def add_entries(
     ref: str, wid: str, units: Sequence[Unit], *, leader: str, node_count: int, now: str
 ) -> Mutation:
-    """Record ``units`` (all on one NeuronUltraServer) as ``Reserved`` entries of ``ref``.
+    """Record ``units`` (all on one NeuronUltraServer) as ``Pending`` entries of ``ref``.
 
     Checks on the fresh object that each unit's nodes are still members and free; raises
     AllocationRaceError otherwise. A unit already recorded the same way (a retry after a lost
@@ -100,7 +101,7 @@ def add_entries(
             "leaderNodeName": leader,
             "nodeCount": node_count or len(unit.nodes),
             "ultraserverIndex": unit.index,
-            "phase": PHASE_RESERVED,
+            "phase": PHASE_PENDING,
             "allocatedAt": now,
         }
 
@@ -182,8 +183,9 @@ def mark_releasing(identities: set[tuple[str, int, str]]) -> Mutation:
 
 def tidy_entries(ref: str, wid: str, *, leader: str, publishes: Callable[[str], bool]) -> Mutation:
     """Put every entry of this incarnation's ``leaderNodeName`` on ``leader`` (a replaced
-    unit 0 moves it) and mark ``Active`` the ``Reserved`` entries all of whose nodes
-    ``publishes`` the workload's tag."""
+    unit 0 moves it), mark ``Bound`` the ``Pending`` entries all of whose nodes
+    ``publishes`` the workload's tag, and respell the phases of earlier versions
+    (``Reserved``, ``Active``) in today's words."""
 
     def fix(e: Mapping[str, Any]) -> JsonDict | None:
         if e.get("workloadRef") != ref or e.get("workloadId") != wid:
@@ -191,8 +193,11 @@ def tidy_entries(ref: str, wid: str, *, leader: str, publishes: Callable[[str], 
         want = dict(e)
         want["leaderNodeName"] = leader
         nodes = [str(n) for n in e.get("allocatedNodes") or []]
-        if e.get("phase", PHASE_RESERVED) == PHASE_RESERVED and all(publishes(n) for n in nodes):
-            want["phase"] = PHASE_ACTIVE
+        phase = entry_phase(e)
+        if phase == PHASE_PENDING and all(publishes(n) for n in nodes):
+            phase = PHASE_BOUND
+        if phase != e.get("phase"):
+            want["phase"] = phase
         return want if want != dict(e) else None
 
     def mutate(nus: JsonDict) -> JsonDict | None:

@@ -28,20 +28,28 @@ DEALLOCATING: Final = "Deallocating"
 #: other state belong to an interrupted allocation (``allocate`` keeps it that way).
 RUNNING_STATES: Final = frozenset({ALLOCATED, PARTIALLY_ALLOCATED})
 
-# Allocation entry phases (crds.AllocationPhase).
-PHASE_RESERVED: Final = "Reserved"
-PHASE_ACTIVE: Final = "Active"
+# Allocation entry phases (crds.AllocationPhase): the words of AWS's operator, and ours for
+# the release it does not have.
+PHASE_PENDING: Final = "Pending"
+PHASE_BOUND: Final = "Bound"
 PHASE_RELEASING: Final = "Releasing"
+#: How earlier versions spelt Pending and Bound; read as those, rewritten by ``tidy_entries``.
+PHASE_LEGACY: Final = {"Reserved": PHASE_PENDING, "Active": PHASE_BOUND}
 
 # Condition types.
 COND_ALLOCATED: Final = "Allocated"
 COND_READY: Final = "Ready"
 COND_DEGRADED: Final = "Degraded"
+#: True while allocating (AWS's operator's condition; derived from the state).
+COND_PROGRESSING: Final = "Progressing"
 
 # Failure strategies (crds.FailureStrategy).
 NOOP: Final = "NoOp"
 RESTART_ALL: Final = "RestartAll"
 REPLACE_AFFECTED: Final = "ReplaceAffected"
+#: AWS's operator's name for ReplaceAffected (its documentation says ReplaceAffected).
+MIGRATE_AFFECTED: Final = "MigrateAffected"
+STRATEGY_ALIASES: Final = {MIGRATE_AFFECTED: REPLACE_AFFECTED}
 
 #: Index on ``ctx.slices``: node name → slice keys (a reconcile looks at a few nodes, not at
 #: every slice of the cluster).
@@ -159,10 +167,23 @@ class Workload:
             wid=workload_id(name, uid),
             server_count=int(spec.get("serverCount") or 0),
             topology_size=int(spec.get("topologySize") or 0),
-            failure_strategy=str(
-                (spec.get("allocationPolicy") or {}).get("failureStrategy") or NOOP
-            ),
+            failure_strategy=failure_strategy(spec),
         )
+
+
+def failure_strategy(spec: Mapping[str, Any]) -> str:
+    """The workload's failure strategy with aliases resolved (MigrateAffected is
+    ReplaceAffected). Any other value, which AWS's schema let through, acts as NoOp does:
+    it is not one of the actions."""
+    policy = spec.get("allocationPolicy")
+    raw = str((policy.get("failureStrategy") if isinstance(policy, Mapping) else None) or NOOP)
+    return STRATEGY_ALIASES.get(raw, raw)
+
+
+def entry_phase(entry: Mapping[str, Any]) -> str:
+    """An allocation entry's phase in today's words (absent: Pending, the schema default)."""
+    raw = str(entry.get("phase") or PHASE_PENDING)
+    return PHASE_LEGACY.get(raw, raw)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,15 @@ from typing import Any
 
 from neuron_dra.controller.allocator import Unit
 
-from .model import COND_ALLOCATED, COND_READY, RUNNING_STATES, Cond, JsonDict
+from .model import (
+    ALLOCATING,
+    COND_ALLOCATED,
+    COND_PROGRESSING,
+    COND_READY,
+    RUNNING_STATES,
+    Cond,
+    JsonDict,
+)
 
 
 def rfc3339(ts: datetime) -> str:
@@ -110,15 +118,26 @@ def desired_workload_status(
         # repaired workload was allocated when it was allocated).
         if previous_state not in RUNNING_STATES or not status.get("allocationTime"):
             status["allocationTime"] = stamp
+        # The same time under AWS's operator's name (the seed's guide says allocationTime).
+        status["allocatedAt"] = status["allocationTime"]
     elif update.allocated is False:
         status.pop("allocationTime", None)
+        status.pop("allocatedAt", None)
     conditions: list[JsonDict] = [dict(c) for c in status.get("conditions") or []]
-    for cond in update.conditions:
+    for cond in (*update.conditions, progressing(update.state)):
         conditions = with_condition(conditions, cond, stamp, generation)
     status["conditions"] = conditions
     if generation is not None:
         status["observedGeneration"] = generation
     return status
+
+
+def progressing(state: str) -> Cond:
+    """``Progressing`` as AWS's operator defines it: True while an allocation is under way
+    (state ``Allocating``). Derived from the state, so it never contradicts it."""
+    if state == ALLOCATING:
+        return Cond(COND_PROGRESSING, True, ALLOCATING, "reserving nodes")
+    return Cond(COND_PROGRESSING, False, state, f"not allocating (state {state})")
 
 
 def allocated_message(units: Iterable[Unit]) -> str:
