@@ -252,8 +252,9 @@ def test_default_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
         + ["RoleBinding"] * 2
         + ["ServiceAccount"] * 2
         + ["DeviceClass"] * 2
-        + ["ValidatingAdmissionPolicy"] * 2
-        + ["ValidatingAdmissionPolicyBinding"] * 2
+        # own-node, ultraservers, capacity-block-id
+        + ["ValidatingAdmissionPolicy"] * 3
+        + ["ValidatingAdmissionPolicyBinding"] * 3
         + ["DaemonSet", "Deployment", "Service", "PodDisruptionBudget"]
     )
 
@@ -497,8 +498,13 @@ def test_controller_disabled(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert not [o for o in objects if "controller" in o["metadata"]["name"]]
     assert "Deployment" not in kinds(objects) and "PodDisruptionBudget" not in kinds(objects)
     assert one(objects, "DaemonSet") and len([o for o in objects if o["kind"] == "DeviceClass"])
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-    assert policy["metadata"]["name"].endswith("-own-node")
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    # The Node label keeps its protection: the plugin publishes it, with or without the
+    # controller.
+    assert {p["metadata"]["name"] for p in policies} == {
+        "neuron-dra-driver-kubelet-plugin-own-node",
+        "neuron-dra-driver-capacity-block-id",
+    }
 
 
 def test_custom_namespace_and_image(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -716,6 +722,44 @@ def test_only_the_controller_writes_ultraservers(
     # Workloads are the users' to write.
     req = _request("alice", "UPDATE", "neuron.aws.com", "neuronultraserverworkloads", "w")
     assert admit(policy, req, nus, nus) is None
+
+
+def test_the_capacity_block_label_of_a_node_never_changes(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """As AWS's operator's policy protect-capacity-block-id-label: set at creation only."""
+    policy = one(rendered["default"], "ValidatingAdmissionPolicy", "capacity-block-id")
+    label = "topology.k8s.aws/capacity-block-id"
+
+    def node(value: str | None, **labels: str) -> dict[str, Any]:
+        if value is not None:
+            labels[label] = value
+        meta: dict[str, Any] = {"name": "n1"}
+        if labels:
+            meta["labels"] = labels
+        return {"metadata": meta}
+
+    def update(old: dict[str, Any], new: dict[str, Any], user: str = "admin") -> str | None:
+        req = _request(user, "UPDATE", "", "nodes", "n1", groups=["system:masters"])
+        return admit(policy, req, new, old)
+
+    assert update(node("cr-1"), node("cr-1", team="a")) is None  # other labels: free
+    assert update(node(None), node(None, team="a")) is None
+    assert update(node(None), {"metadata": {"name": "n1"}}) is None  # no labels at all
+    for old, new, said in (
+        (node("cr-1"), node("cr-2"), "'cr-1' -> 'cr-2'"),
+        (node(None, team="a"), node("cr-1", team="a"), "unset -> 'cr-1'"),
+        (node("cr-1"), node(None, team="a"), "'cr-1' -> unset"),
+        ({"metadata": {"name": "n1"}}, node(""), "unset -> ''"),
+    ):
+        for user in ("admin", PLUGIN_SA, CONTROLLER_SA):
+            denied = update(old, new, user)
+            assert denied and label in denied and f"node n1: {said}" in denied, denied
+    # Creating a Node with it is how it is meant to be set; other kinds are not matched.
+    create = _request("system:node:n1", "CREATE", "", "nodes", "n1")
+    assert admit(policy, create, node("cr-1")) is None
+    pod = _request("admin", "UPDATE", "", "pods", "p")
+    assert admit(policy, pod, node("cr-2"), node("cr-1")) is None
 
 
 # --- values that must be refused -------------------------------------------------------------
