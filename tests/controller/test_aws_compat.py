@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from neuron_dra.common.models.configs import NeuronConfig, decode_opaque_config
 from neuron_dra.common.models.crds import NeuronUltraServerWorkload
-from neuron_dra.common.ultraserver import reservations
+from neuron_dra.common.ultraserver import entry_phase, reservations
 from neuron_dra.controller.templates import claim_template_for
 from neuron_dra.controller.workloads import (
     ALLOCATED,
@@ -25,7 +25,7 @@ from neuron_dra.controller.workloads import (
     desired_workload_status,
 )
 from neuron_dra.controller.workloads.entries import tidy_entries
-from neuron_dra.controller.workloads.model import Workload, entry_phase
+from neuron_dra.controller.workloads.model import Workload
 
 NOW = datetime(2026, 7, 20, 10, 0, tzinfo=UTC)
 

@@ -22,6 +22,21 @@ from neuron_dra.common.names import is_label_value
 _UID_SUFFIX_LEN: Final = 8
 
 
+# Allocation entry phases (crds.AllocationPhase): the words of AWS's operator, and ours for
+# the release it does not have.
+PHASE_PENDING: Final = "Pending"
+PHASE_BOUND: Final = "Bound"
+PHASE_RELEASING: Final = "Releasing"
+#: How earlier versions spelt Pending and Bound; read as those (the controller rewrites them).
+PHASE_LEGACY: Final = {"Reserved": PHASE_PENDING, "Active": PHASE_BOUND}
+
+
+def entry_phase(entry: Mapping[str, Any]) -> str:
+    """An allocation entry's phase in today's words (absent: Pending, the schema default)."""
+    raw = str(entry.get("phase") or PHASE_PENDING)
+    return PHASE_LEGACY.get(raw, raw)
+
+
 def workload_id(name: str, uid: str) -> str:
     """Cluster-unique, stable id of a workload, starting with its name.
 
@@ -104,7 +119,7 @@ def reservations(nus: Mapping[str, Any]) -> list[Reservation]:
                     node_name=node,
                     node_index=index,
                     leader_node_name=entry.get("leaderNodeName"),
-                    phase=str(entry.get("phase") or "Pending"),
+                    phase=entry_phase(entry),
                 )
             )
     return out

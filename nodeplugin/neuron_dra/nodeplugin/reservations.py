@@ -46,7 +46,12 @@ from neuron_dra.common.k8s.client import NEURON_ULTRASERVERS, NODES, KubeClient,
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.errors import KubeError, NotFoundError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
-from neuron_dra.common.ultraserver import Reservation, UltraServerPeers, node_reservations
+from neuron_dra.common.ultraserver import (
+    PHASE_RELEASING,
+    Reservation,
+    UltraServerPeers,
+    node_reservations,
+)
 from neuron_dra.nodeplugin.slices import WHOLE_NODE
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -54,7 +59,6 @@ log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
 
-PHASE_RELEASING: Final = "Releasing"
 
 #: Node address types in the order we prefer them for NEURON_GLOBAL_TOPOID0_HOST: a name that
 #: stays valid if the interface's address is re-assigned, then the raw address.

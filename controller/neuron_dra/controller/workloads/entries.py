@@ -12,17 +12,19 @@ import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from neuron_dra.controller.allocator import Unit
-
-from .model import (
+from neuron_dra.common.ultraserver import (
     PHASE_BOUND,
     PHASE_PENDING,
     PHASE_RELEASING,
+    entry_phase,
+)
+from neuron_dra.controller.allocator import Unit
+
+from .model import (
     AllocationRaceError,
     Held,
     JsonDict,
     entry_identity,
-    entry_phase,
     meta_of,
     nus_members,
     status_of,

@@ -28,13 +28,7 @@ DEALLOCATING: Final = "Deallocating"
 #: other state belong to an interrupted allocation (``allocate`` keeps it that way).
 RUNNING_STATES: Final = frozenset({ALLOCATED, PARTIALLY_ALLOCATED})
 
-# Allocation entry phases (crds.AllocationPhase): the words of AWS's operator, and ours for
-# the release it does not have.
-PHASE_PENDING: Final = "Pending"
-PHASE_BOUND: Final = "Bound"
-PHASE_RELEASING: Final = "Releasing"
-#: How earlier versions spelt Pending and Bound; read as those, rewritten by ``tidy_entries``.
-PHASE_LEGACY: Final = {"Reserved": PHASE_PENDING, "Active": PHASE_BOUND}
+# Allocation entry phases: common/ultraserver.py reads and names them for both components.
 
 # Condition types.
 COND_ALLOCATED: Final = "Allocated"
@@ -178,12 +172,6 @@ def failure_strategy(spec: Mapping[str, Any]) -> str:
     policy = spec.get("allocationPolicy")
     raw = str((policy.get("failureStrategy") if isinstance(policy, Mapping) else None) or NOOP)
     return STRATEGY_ALIASES.get(raw, raw)
-
-
-def entry_phase(entry: Mapping[str, Any]) -> str:
-    """An allocation entry's phase in today's words (absent: Pending, the schema default)."""
-    raw = str(entry.get("phase") or PHASE_PENDING)
-    return PHASE_LEGACY.get(raw, raw)
 
 
 @dataclass(frozen=True)
