@@ -9,19 +9,17 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from neuron_dra.controller.allocator import (
+from neuron_dra.controller.allocation.cache import ServerCache
+from neuron_dra.controller.allocation.planner import (
     Decision,
-    NodeState,
     Request,
-    ServerCache,
-    UltraServerState,
     Unit,
     plan,
     plan_replacement,
     request_from,
-    servers_from,
-    unit_candidates,
 )
+from neuron_dra.controller.allocation.servers import servers_from
+from neuron_dra.controller.allocation.units import NodeState, UltraServerState, unit_candidates
 
 TRN2U = "trn2u.48xlarge"
 TRN3 = "trn3pds.48xlarge"

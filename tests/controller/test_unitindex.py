@@ -11,24 +11,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from neuron_dra.common.k8s.cache import Store
-from neuron_dra.controller.allocator import (
+from neuron_dra.controller.allocation.cache import ServerCache
+from neuron_dra.controller.allocation.planner import (
     Request,
-    ServerCache,
     plan,
     plan_on,
     plan_replacement,
     plan_replacement_on,
-    servers_from,
 )
-from neuron_dra.controller.storechanges import StoreChanges
-from neuron_dra.controller.unitindex import Inventory, UnitIndex
-from neuron_dra.controller.units import (
+from neuron_dra.controller.allocation.servers import servers_from
+from neuron_dra.controller.allocation.unitindex import Inventory, UnitIndex
+from neuron_dra.controller.allocation.units import (
     UNIT_SIZES,
     NodeState,
     UltraServerState,
     capacity,
     keyed_candidates,
 )
+from neuron_dra.controller.storechanges import StoreChanges
 
 T1, T2 = "trn2u.48xlarge", "trn3pds.48xlarge"
 NAMES = ("a", "b", "c", "d", "e")

@@ -43,7 +43,7 @@ from neuron_dra.common.k8s.errors import KubeError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.models.crds import NeuronUltraServer, NeuronUltraServerWorkload
 from neuron_dra.common.ultraserver import node_reservations, workload_id
-from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.allocation.planner import Unit
 from neuron_dra.controller.caches import DeviceClaimStore, claim_nodes_in_use, slim_claim
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.workloads import (

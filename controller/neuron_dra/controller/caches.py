@@ -259,3 +259,32 @@ class NodeStore(SlimStore):
 
     def __init__(self) -> None:
         super().__init__(slim_node)
+
+
+# --- the slice cache's node index (discovery and the workload fleet both ask it) -------------
+
+#: Index of ``ctx.slices``: node name -> our slices of that node.
+SLICES_BY_NODE: Final = "slices/by-node"
+
+
+def slice_node_name(slice_: Mapping[str, Any]) -> str | None:
+    """The node a ResourceSlice of ours describes: its ``nodeName``, else its pool's name (pool
+    name = node name is our publishing contract; README, "Devices and attributes")."""
+    spec = slice_.get("spec") or {}
+    name = spec.get("nodeName")
+    if not isinstance(name, str) or not name:
+        name = (spec.get("pool") or {}).get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _slice_nodes(obj: Mapping[str, Any]) -> list[str]:
+    if (obj.get("spec") or {}).get("driver") != DRIVER_NAME:
+        return []
+    node = slice_node_name(obj)
+    return [node] if node else []
+
+
+def ensure_slices_by_node(store: Store) -> None:
+    """Add :data:`SLICES_BY_NODE` to the slice cache unless it has it."""
+    if SLICES_BY_NODE not in store.index_names():
+        store.add_index(SLICES_BY_NODE, _slice_nodes)

@@ -68,15 +68,6 @@ def is_neuron_slice(slice_: Mapping[str, Any]) -> bool:
     return as_mapping(slice_.get("spec")).get("driver") == DRIVER_NAME
 
 
-def slice_node_name(slice_: Mapping[str, Any]) -> str | None:
-    spec = as_mapping(slice_.get("spec"))
-    name = spec.get("nodeName")
-    if not isinstance(name, str) or not name:
-        # Pool name = node name is our publishing contract (README, "Devices and attributes").
-        name = as_mapping(spec.get("pool")).get("name")
-    return name if isinstance(name, str) and name else None
-
-
 def slice_ultraserver_id(slice_: Mapping[str, Any]) -> str | None:
     """The ``ultraserverId`` a slice of our driver carries (neuronnode first), or None."""
     if not isinstance(slice_, Mapping) or not is_neuron_slice(slice_):

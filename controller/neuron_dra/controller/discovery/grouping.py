@@ -23,6 +23,7 @@ from neuron_dra.common.constants import (
     NODE_DEVICE_NAME,
 )
 from neuron_dra.common.models.crds import ULTRASERVER_MAX_NODES
+from neuron_dra.controller.caches import slice_node_name
 
 from .fields import (
     NodeState,
@@ -34,7 +35,6 @@ from .fields import (
     node_state,
     parse_modes,
     pool_generation,
-    slice_node_name,
     str_attribute,
 )
 

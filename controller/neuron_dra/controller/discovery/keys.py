@@ -7,17 +7,19 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from neuron_dra.common.k8s.cache import Store
+from neuron_dra.controller.caches import SLICES_BY_NODE, ensure_slices_by_node
 from neuron_dra.controller.context import ControllerContext
 
-from .fields import as_mapping, is_neuron_slice, slice_node_name, slice_ultraserver_id
+from .fields import as_mapping, slice_ultraserver_id
 from .naming import ultraserver_id_of
 
 JsonDict = dict[str, Any]
 
-#: Secondary indexes this reconciler adds to ``ctx.slices`` (if the manager has not already):
-#: without them every reconcile and every Node event would scan all slices of the cluster.
+#: Secondary indexes this reconciler needs on ``ctx.slices`` (if the manager has not added
+#: them): without them every reconcile and every Node event would scan all slices of the
+#: cluster. The node index is the slice cache's own, which the workload fleet shares.
 SLICE_INDEX_ULTRASERVER: Final = "discovery.neuron.aws.com/ultraserverId"
-SLICE_INDEX_NODE: Final = "discovery.neuron.aws.com/nodeName"
+SLICE_INDEX_NODE: Final = SLICES_BY_NODE
 
 
 def keys_for_slice(slice_: Any, old: Any = None) -> set[str]:
@@ -59,16 +61,8 @@ def _index_ultraserver(obj: JsonDict) -> list[str]:
     return [us_id] if us_id else []
 
 
-def _index_node(obj: JsonDict) -> list[str]:
-    if not is_neuron_slice(obj):
-        return []
-    node = slice_node_name(obj)
-    return [node] if node else []
-
-
 def ensure_slice_indexes(store: Store) -> None:
     names = store.index_names()
     if SLICE_INDEX_ULTRASERVER not in names:
         store.add_index(SLICE_INDEX_ULTRASERVER, _index_ultraserver)
-    if SLICE_INDEX_NODE not in names:
-        store.add_index(SLICE_INDEX_NODE, _index_node)
+    ensure_slices_by_node(store)

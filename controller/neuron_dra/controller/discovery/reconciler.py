@@ -24,9 +24,10 @@ from neuron_dra.common.k8s.errors import (
     PermanentError,
 )
 from neuron_dra.common.k8s.writes import update_with_retry
+from neuron_dra.controller.caches import slice_node_name
 from neuron_dra.controller.context import ControllerContext
 
-from .fields import as_mapping, slice_node_name
+from .fields import as_mapping
 from .grouping import DesiredUltraServer, group_ultraservers
 from .keys import SLICE_INDEX_NODE, SLICE_INDEX_ULTRASERVER, ensure_slice_indexes
 from .naming import nus_name, ultraserver_id_of

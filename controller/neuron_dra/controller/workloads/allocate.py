@@ -18,9 +18,8 @@ from neuron_dra.common.constants import FINALIZER_WORKLOAD
 from neuron_dra.common.events import EventType
 from neuron_dra.common.k8s.client import object_key
 from neuron_dra.common.k8s.writes import has_finalizer
-from neuron_dra.controller import allocator
-from neuron_dra.controller.allocator import Decision, Unit
-from neuron_dra.controller.unitindex import UnitIndex
+from neuron_dra.controller.allocation.planner import Decision, Unit, plan_on, request_from
+from neuron_dra.controller.allocation.unitindex import UnitIndex
 
 from .generated import ensure_template
 from .health import carries_tag
@@ -59,15 +58,15 @@ def decide(
     spec cannot fit the hardware must not queue others."""
     key = object_key(obj)
     requests = [
-        allocator.request_from(w)
+        request_from(w)
         for w in workloads
         if (ref := object_key(w)) != key
         and ref not in held
         and not is_deleting(w)
         and validate(w).state != FAILED
     ]
-    requests.append(allocator.request_from(obj))
-    for decision in allocator.plan_on(units, requests, until=key):
+    requests.append(request_from(obj))
+    for decision in plan_on(units, requests, until=key):
         if decision.workload_ref == key:
             return decision
     raise AssertionError(f"plan returned no decision for {key}")

@@ -18,7 +18,7 @@ from neuron_dra.common.ultraserver import (
     PHASE_RELEASING,
     entry_phase,
 )
-from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.allocation.planner import Unit
 
 from .model import (
     AllocationRaceError,

@@ -18,24 +18,26 @@ from typing import Any
 
 from neuron_dra.common.k8s.cache import Store
 from neuron_dra.common.k8s.client import object_key, resource_version
-from neuron_dra.controller import allocator
-from neuron_dra.controller.caches import claim_nodes_in_use
+from neuron_dra.controller.allocation.cache import ServerCache
+from neuron_dra.controller.allocation.unitindex import UnitIndex
+from neuron_dra.controller.caches import (
+    SLICES_BY_NODE,
+    claim_nodes_in_use,
+    ensure_slices_by_node,
+    slice_node_name,
+)
 from neuron_dra.controller.context import ControllerContext
 from neuron_dra.controller.storechanges import StoreChanges
-from neuron_dra.controller.unitindex import UnitIndex
 
 from .health import node_problem
 from .model import (
     CLAIMS_BY_WORKLOAD,
     NUS_BY_WORKLOAD,
-    SLICES_BY_NODE,
     JsonDict,
     allocation_refs,
     claim_workload,
     count,
     nus_instance_type,
-    slice_node,
-    slice_node_name,
 )
 
 #: Index of ``ctx.device_claims``: node → claims of no workload holding its devices.
@@ -110,8 +112,7 @@ class Fleet:
         self._workload_overlay = Overlay()
         #: Templates we created that the cache may not have delivered yet (key → object).
         self._created_templates: dict[str, JsonDict] = {}
-        if SLICES_BY_NODE not in ctx.slices.index_names():
-            ctx.slices.add_index(SLICES_BY_NODE, slice_node)
+        ensure_slices_by_node(ctx.slices)
         if NUS_BY_WORKLOAD not in ctx.ultraservers.index_names():
             ctx.ultraservers.add_index(NUS_BY_WORKLOAD, allocation_refs)
         if CLAIMS_BY_WORKLOAD not in ctx.claims.index_names():
@@ -125,7 +126,7 @@ class Fleet:
         if CLAIMS_BY_NODE_IN_USE not in ctx.device_claims.index_names():
             ctx.device_claims.add_index(CLAIMS_BY_NODE_IN_USE, claim_nodes_in_use)
         self._claim_changes = StoreChanges(ctx.device_claims, _first_node_in_use)
-        self._servers = allocator.ServerCache(lambda n: self._problem_of(n) is None, self._in_use)
+        self._servers = ServerCache(lambda n: self._problem_of(n) is None, self._in_use)
         self.units = UnitIndex()
         #: NUS key → the object as last synced; what the objects say in total: how many
         #: are of each ``nus_instance_type`` (the Validator's "discovered types") and how

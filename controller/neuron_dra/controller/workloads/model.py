@@ -13,7 +13,7 @@ from typing import Any, Final
 from neuron_dra.common.constants import LABEL_WORKLOAD_ID
 from neuron_dra.common.k8s.client import object_key
 from neuron_dra.common.ultraserver import workload_id
-from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.allocation.planner import Unit
 
 JsonDict = dict[str, Any]
 
@@ -47,7 +47,6 @@ STRATEGY_ALIASES: Final = {MIGRATE_AFFECTED: REPLACE_AFFECTED}
 
 #: Index on ``ctx.slices``: node name → slice keys (a reconcile looks at a few nodes, not at
 #: every slice of the cluster).
-SLICES_BY_NODE: Final = "workloads/by-node"
 #: Index on ``ctx.ultraservers``: workloadRef → keys of the NeuronUltraServers holding an
 #: allocation entry of it (``pending_keys`` runs on every NeuronUltraServer event).
 NUS_BY_WORKLOAD: Final = "workloads/by-workload-ref"
@@ -228,17 +227,6 @@ def claim_workload(claim: JsonDict) -> list[str]:
     meta = meta_of(claim)
     wid = (meta.get("labels") or {}).get(LABEL_WORKLOAD_ID)
     return [f"{meta.get('namespace', '')}/{wid}"] if wid else []
-
-
-def slice_node(obj: JsonDict) -> list[str]:
-    """The node of a ResourceSlice (index ``SLICES_BY_NODE``)."""
-    node = spec_of(obj).get("nodeName")
-    return [str(node)] if node else []
-
-
-def slice_node_name(obj: Mapping[str, Any]) -> str | None:
-    node = spec_of(obj).get("nodeName")
-    return str(node) if node else None
 
 
 def count(counter: Counter[str], keys: Iterable[str], delta: int) -> None:

@@ -16,8 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from neuron_dra.common.events import EventType
-from neuron_dra.controller import allocator
-from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.allocation.planner import Unit, plan_replacement_on, request_from
 
 from .allocate import allocate, finish
 from .generated import delete_claims, ensure_template, stray_nodes
@@ -112,9 +111,9 @@ def failure_summary(
 
 
 def _complete(t: Tools, obj: JsonDict, held: list[Held]) -> tuple[Unit, ...] | None:
-    return allocator.plan_replacement_on(
+    return plan_replacement_on(
         t.fleet.sync(),
-        allocator.request_from(obj),
+        request_from(obj),
         keep=[h.unit for h in held],
         failed=[],
     )
@@ -171,9 +170,9 @@ async def _replace_affected(
 ) -> ReconcileResult | None:
     """Swap the failed units for healthy ones; None when no replacement can be found."""
     keep = [h for h in held if h not in failed]
-    units = allocator.plan_replacement_on(
+    units = plan_replacement_on(
         t.fleet.sync(),
-        allocator.request_from(obj),
+        request_from(obj),
         keep=[h.unit for h in keep],
         failed=[h.unit for h in failed],
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.allocation.planner import Unit
 
 from .model import (
     ALLOCATING,

@@ -13,7 +13,7 @@ from neuron_dra.common.events import EventType, ObjectRef
 from neuron_dra.common.k8s.client import NEURON_ULTRASERVER_WORKLOADS, NEURON_ULTRASERVERS
 from neuron_dra.common.k8s.errors import ConflictError, NotFoundError
 from neuron_dra.common.k8s.writes import ensure_finalizer, remove_finalizer, update_with_retry
-from neuron_dra.controller.allocator import Unit
+from neuron_dra.controller.allocation.planner import Unit
 from neuron_dra.controller.context import ControllerContext
 
 from . import entries

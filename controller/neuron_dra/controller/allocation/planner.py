@@ -1,17 +1,17 @@
-"""Which UltraServer nodes each NeuronUltraServerWorkload gets. Pure: no I/O.
+"""Which UltraServer nodes each NeuronUltraServerWorkload gets. Pure: no I/O, no state.
 
-The reconciler turns the cached NeuronUltraServers and workloads into the plain values below
-(``servers_from``, ``request_from``), asks ``plan`` (new workloads) or ``plan_replacement``
-(ReplaceAffected) for decisions, and records the chosen units as
+The reconciler turns the cached NeuronUltraServers and workloads into plain values
+(:func:`.servers.servers_from`, :func:`request_from`), asks ``plan`` (new workloads) or
+``plan_replacement`` (ReplaceAffected) for decisions, and records the chosen units as
 ``NeuronUltraServer.status.allocations`` entries. Keeping the decision a pure function of
 those values is what lets two controller replicas (or a restarted one) reach the same plan,
 and lets the rules be tested exhaustively without an API server.
 
 At fleet scale the reconciler does not hand over the whole fleet per decision: it keeps a
-``UnitIndex`` (``unitindex``) current through ``ServerCache`` as objects change, and asks
-``plan_on``/``plan_replacement_on`` of it, which decide exactly as ``plan`` and
+``UnitIndex`` (:mod:`.unitindex`) current through :class:`.cache.ServerCache` as objects
+change, and asks ``plan_on``/``plan_replacement_on`` of it, which decide exactly as ``plan`` and
 ``plan_replacement`` do over the same states. The units one UltraServer offers and how they
-rank are in ``units``.
+rank are in :mod:`.units`.
 
 Rules:
 
@@ -34,17 +34,15 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from neuron_dra.controller.unitindex import Inventory, UnitIndex
-from neuron_dra.controller.units import (
-    ULTRASERVER_NODES,
+from .unitindex import Inventory, UnitIndex
+from .units import (
     UNIT_SIZES,
     NodeState,
     UltraServerState,
-    unit_candidates,
 )
 
 #: How many UltraServer names a human-readable reason lists before eliding the rest.
@@ -334,187 +332,6 @@ def plan_replacement_on(
     return tuple(sorted((*keep, *_as_units(chosen, missing)), key=lambda u: u.index))
 
 
-# --------------------------------------------------------------------------------------------
-# From API objects (plain dicts, as the caches hold them)
-
-
-def _link_down(entry: Mapping[str, Any]) -> bool:
-    # "Unknown" is the default before anything is known and on platforms that do not report
-    # links; treating it as down would make such clusters unallocatable.
-    return "Down" in (entry.get("linkStatusHorizontal"), entry.get("linkStatusVertical"))
-
-
-def _records(nus: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(node, workloadRef) of every node an allocation entry of ``nus`` holds."""
-    return [
-        (str(node), str(entry.get("workloadRef", "")))
-        for entry in (nus.get("status") or {}).get("allocations") or []
-        for node in entry.get("allocatedNodes") or []
-    ]
-
-
-def _members(nus: Mapping[str, Any]) -> list[str]:
-    return [str(t.get("nodeName", "")) for t in (nus.get("spec") or {}).get("topology") or []]
-
-
-def _server_state(
-    nus: Mapping[str, Any],
-    holder: Callable[[str], str | None],
-    healthy: Callable[[str], bool],
-    in_use: Callable[[str], bool] = lambda _name: False,
-) -> UltraServerState:
-    spec = nus.get("spec") or {}
-    nodes = []
-    for entry in spec.get("topology") or []:
-        name = str(entry.get("nodeName", ""))
-        nodes.append(
-            NodeState(
-                name=name,
-                node_id=int(entry.get("nodeId", -1)),
-                healthy=healthy(name) and not _link_down(entry),
-                reserved_by=holder(name),
-                in_use=in_use(name),
-            )
-        )
-    return UltraServerState(
-        name=str((nus.get("metadata") or {}).get("name", "")),
-        instance_type=str(spec.get("instanceType", "")),
-        nodes=tuple(sorted(nodes, key=lambda n: (n.node_id, n.name))),
-    )
-
-
-def servers_from(
-    nus_objects: Iterable[Mapping[str, Any]], *, node_health: Mapping[str, bool]
-) -> list[UltraServerState]:
-    """UltraServer states from NeuronUltraServer objects, sorted by name.
-
-    Members come from ``spec.topology``; a node is healthy when ``node_health`` says so (a
-    node missing from it is not: nothing vouches for it) and none of its NeuronLinks is
-    reported ``Down``. ``reserved_by`` comes from ``status.allocations`` of *all* objects, so
-    an entry in any phase (Reserved, Active, Releasing) holds its nodes until it is removed.
-    """
-    objects = list(nus_objects)
-    holders: dict[str, set[str]] = {}
-    for nus in objects:
-        for node, ref in _records(nus):
-            holders.setdefault(node, set()).add(ref)
-
-    def holder(name: str) -> str | None:
-        # Two holders would be a double booking already on record; either way the node is
-        # not free, and min() keeps the answer independent of list order.
-        held = holders.get(name)
-        return min(held) if held else None
-
-    out = [
-        _server_state(nus, holder, lambda name: bool(node_health.get(name, False)))
-        for nus in objects
-    ]
-    return sorted(out, key=lambda s: s.name)
-
-
-class ServerCache:
-    """``servers_from``, kept current one NeuronUltraServer at a time (the reconciler sees
-    the objects change one by one and must not rebuild 2,500 states per decision).
-
-    ``put`` each object that was added or changed (None once it is gone) and call
-    ``node_changed`` for each node whose health may have changed; ``changes`` then rebuilds
-    just the states those can affect and says which differ. An object's state depends on the
-    object itself (cached API objects are never mutated, so identity stands for content), the
-    health of its members, and who holds each member according to *any* object.
-    """
-
-    def __init__(
-        self,
-        node_health: Callable[[str], bool],
-        node_in_use: Callable[[str], bool] = lambda _name: False,
-    ) -> None:
-        self._health = node_health
-        self._in_use = node_in_use
-        #: key -> the object as last put.
-        self._objects: dict[str, Mapping[str, Any]] = {}
-        #: node name -> keys of the objects whose topology lists it.
-        self._listed_by: dict[str, set[str]] = {}
-        #: key -> (node, workloadRef) the object's allocations record.
-        self._recorded: dict[str, list[tuple[str, str]]] = {}
-        #: node name -> workloadRefs holding it (one count per record).
-        self._holders: dict[str, Counter[str]] = {}
-        #: key -> its state as of the last ``changes``.
-        self._states: dict[str, UltraServerState] = {}
-        #: keys whose state may differ from ``_states``.
-        self._dirty: set[str] = set()
-
-    def put(self, key: str, nus: Mapping[str, Any] | None) -> None:
-        old = self._objects.get(key)
-        if old is nus:
-            return
-        touched: set[str] = set()
-        if old is not None:
-            for node in _members(old):
-                listed = self._listed_by.get(node)
-                if listed is not None:
-                    listed.discard(key)
-                    if not listed:
-                        del self._listed_by[node]
-            for node, ref in self._recorded.pop(key, []):
-                touched.add(node)
-                holders = self._holders[node]
-                holders[ref] -= 1
-                if holders[ref] <= 0:
-                    del holders[ref]
-                if not holders:
-                    del self._holders[node]
-        if nus is None:
-            self._objects.pop(key, None)
-        else:
-            self._objects[key] = nus
-            for node in _members(nus):
-                self._listed_by.setdefault(node, set()).add(key)
-            records = _records(nus)
-            if records:
-                self._recorded[key] = records
-            for node, ref in records:
-                touched.add(node)
-                self._holders.setdefault(node, Counter())[ref] += 1
-        self._dirty.add(key)
-        for node in touched:
-            self._dirty.update(self._listed_by.get(node, ()))
-
-    def node_changed(self, node: str) -> None:
-        """``node``'s health, or whether its devices are in use, may have changed."""
-        self._dirty.update(self._listed_by.get(node, ()))
-
-    def changes(self) -> list[tuple[str, UltraServerState | None]]:
-        """(UltraServer name, new state or None if gone) for every state that changed since
-        the previous call, in key order."""
-        dirty, self._dirty = self._dirty, set()
-        out: list[tuple[str, UltraServerState | None]] = []
-        for key in sorted(dirty):
-            old = self._states.get(key)
-            nus = self._objects.get(key)
-            if nus is None:
-                if old is not None:
-                    del self._states[key]
-                    out.append((old.name, None))
-                continue
-            state = _server_state(nus, self._holder, self._health, self._in_use)
-            if old is not None and state == old:
-                continue  # keep the old object: what was derived from it still holds
-            self._states[key] = state
-            if old is not None and old.name != state.name:
-                out.append((old.name, None))
-            out.append((state.name, state))
-        return out
-
-    def servers(self) -> list[UltraServerState]:
-        """Every state as of the last ``changes``, sorted by name."""
-        return sorted(self._states.values(), key=lambda s: s.name)
-
-    def _holder(self, node: str) -> str | None:
-        # min(), as servers_from: independent of the order things were recorded in.
-        holders = self._holders.get(node)
-        return min(holders) if holders else None
-
-
 def request_from(workload_obj: Mapping[str, Any]) -> Request:
     """The allocation request of a NeuronUltraServerWorkload object.
 
@@ -532,22 +349,3 @@ def request_from(workload_obj: Mapping[str, Any]) -> Request:
         server_count=int(spec.get("serverCount", 0)),
         order=(str(meta.get("creationTimestamp") or ""), ref),
     )
-
-
-__all__ = [
-    "ULTRASERVER_NODES",
-    "UNIT_SIZES",
-    "Decision",
-    "NodeState",
-    "Request",
-    "ServerCache",
-    "UltraServerState",
-    "Unit",
-    "plan",
-    "plan_on",
-    "plan_replacement",
-    "plan_replacement_on",
-    "request_from",
-    "servers_from",
-    "unit_candidates",
-]

@@ -26,7 +26,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from neuron_dra.controller.units import (
+from .units import (
     UNIT_SIZES,
     NodeState,
     UltraServerState,

@@ -6,7 +6,7 @@ pairs {0, 1} / {2, 3}, size 1 any node. Nothing else is offered, so a request ca
 granted a shape the node plugins would refuse to prepare.
 
 Everything here is a function of one (immutable) ``UltraServerState`` and is computed once
-per state object: the fleet-wide ``UnitIndex`` and the planner in ``allocator`` ask about
+per state object: the fleet-wide ``UnitIndex`` and the planner in ``planner`` ask about
 the same states again and again.
 """
 
