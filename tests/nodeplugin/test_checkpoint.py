@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,19 @@ def test_round_trip_and_documented_shape(tmp_path: Path) -> None:
     result = load(path, boot_id=BOOT, now=NOW)
     assert result.checkpoint == sample()
     assert (result.warnings, result.notes, result.dirty) == ((), (), False)
+
+
+def test_device_metadata_documents_round_trip() -> None:
+    # An entry with device metadata keeps each request's document, so the file can be
+    # rewritten like the spec; one without has no "metadata" key at all (files written
+    # before the feature, or with it off, are unchanged).
+    docs = {"neurons": {"metadata": {"name": "c", "generation": 1}, "requests": []}}
+    cp = sample().with_claim(replace(entry("u3", 9), metadata=docs))
+    doc = json.loads(encode(cp))
+    assert doc["data"]["claims"]["u3"]["metadata"] == docs
+    assert "metadata" not in doc["data"]["claims"]["u1"]
+    assert decode(encode(cp)) == cp
+    assert decode(encode(cp)).claims["u3"].metadata == docs
 
 
 def test_file_is_the_canonical_json_of_the_document() -> None:
@@ -184,6 +198,8 @@ def test_unknown_fields_from_a_newer_writer_still_verify() -> None:
         (lambda c: c.update(cdiSpec={"kind": "k/c"}), "cdiSpec"),
         (lambda c: c["devices"][0].update(cdiDeviceIds="k/c=x"), "cdiDeviceIds"),
         (lambda c: c.update(devices=["x"]), "devices[0]: expected an object"),
+        (lambda c: c.update(metadata=["x"]), "metadata: expected an object of documents"),
+        (lambda c: c.update(metadata={"r": "x"}), "metadata: expected an object of documents"),
     ],
 )
 def test_malformed_entries_are_corrupt(mutate: Any, message: str) -> None:

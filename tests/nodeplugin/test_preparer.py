@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -32,7 +33,9 @@ from neuron_dra.nodeplugin.cdi import spec_file_name, write_cdi_spec
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
 from neuron_dra.nodeplugin.nodelock import NodeLock, NodeLockTimeout
+from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.nodeplugin.prepare.budget import PrepareLimits
+from neuron_dra.nodeplugin.prepare.claimfiles import ClaimFiles
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.reservations import ReservationError
 from neuron_dra.nodeplugin.slices import build_resource_slices
@@ -141,13 +144,17 @@ class Env:
         namespace: str = "default",
         allocate: bool = True,
         admin: bool = False,
+        annotations: dict[str, str] | None = None,
     ) -> ClaimRef:
         """Create an allocated ResourceClaim like the scheduler leaves it; its ClaimRef."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if annotations:
+            meta["annotations"] = annotations
         created = self.api.create(
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": namespace},
+                "metadata": meta,
                 "spec": {
                     "devices": {
                         "requests": [
@@ -187,6 +194,13 @@ class Env:
 
     def events(self, namespace: str = "default") -> list[dict[str, Any]]:
         return self.api.list("events.k8s.io/v1", "Event", namespace)
+
+    @property
+    def metadata_root(self) -> Path:
+        return self.checkpoint_path.parent / "dra-device-metadata"
+
+    def metadata_path(self, uid: str, request: str = "neurons") -> Path:
+        return self.metadata_root / uid / request / "metadata.json"
 
     @property
     def claim_gets(self) -> int:
@@ -578,17 +592,19 @@ async def test_spec_write_failure_fails_only_its_claim(
     p = env.preparer()
     await p.start()
     saved = count_saves(monkeypatch)
-    real_write = Preparer._write_spec
+    real_write = ClaimFiles.write
 
-    def flaky_write(self: Preparer, spec: Mapping[str, Any], uid: str) -> None:
-        if uid == bad.uid:
+    def flaky_write(self: ClaimFiles, entry: ckpt.ClaimEntry) -> None:
+        if entry.uid == bad.uid:
             raise OSError(5, "Input/output error")
-        real_write(self, spec, uid)
+        real_write(self, entry)
 
-    monkeypatch.setattr(Preparer, "_write_spec", flaky_write)
+    monkeypatch.setattr(ClaimFiles, "write", flaky_write)
     results = await p.prepare([bad, good])
     ok(results[good.uid])
-    assert "cannot write CDI spec for ResourceClaim default/bad" in results[bad.uid].error
+    assert "cannot write CDI spec or device metadata for ResourceClaim default/bad" in (
+        results[bad.uid].error
+    )
     assert saved == [{good.uid}]
     assert not env.spec_path(bad.uid).exists()
 
@@ -760,6 +776,99 @@ async def test_restart_recovers_specs_and_removes_orphans(env: Env) -> None:
     gets = env.claim_gets
     assert await second.prepare([a, b]) == answers
     assert env.claim_gets == gets
+
+
+# --- device metadata (KEP-5304) ----------------------------------------------------------------
+
+POD_CLAIM = {"resource.kubernetes.io/pod-claim-name": "accel"}
+
+
+async def test_device_metadata_is_written_mounted_recorded_and_removed(env: Env) -> None:
+    row = [f"neurondevice{i}" for i in (4, 5, 6, 7)]
+    ref = env.claim("pod-accel-x7k2q", row, annotations=POD_CLAIM)
+    p = env.preparer(device_metadata=True)
+    ok((await p.prepare([ref]))[ref.uid])
+    (doc, older) = metadata.decode(env.metadata_path(ref.uid).read_text())
+    assert (doc["apiVersion"], older["apiVersion"]) == (
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    )
+    assert (doc["metadata"]["name"], doc["metadata"]["uid"]) == ("pod-accel-x7k2q", ref.uid)
+    assert doc["podClaimName"] == "accel"
+    devices = doc["requests"][0]["devices"]
+    assert [(d["name"], d["pool"], d["driver"]) for d in devices] == [
+        (name, NODE, DRIVER) for name in row
+    ]
+    # LNC 2 (the node's default): 4 logical cores a device, device 5 has 20-23.
+    assert devices[1]["attributes"]["neuron.aws.com/visibleCores"] == {"string": "20-23"}
+    # Mounted (on the request's first device) where the container looks for it.
+    spec = json.loads(env.spec_path(ref.uid).read_text())
+    assert spec["devices"][0]["containerEdits"]["mounts"] == [
+        {
+            "hostPath": str(env.metadata_path(ref.uid)),
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+            "resourceclaimtemplates/accel/neurons/neuron.aws.com-metadata.json",
+            "options": ["ro", "bind"],
+        }
+    ]
+    assert all("mounts" not in d["containerEdits"] for d in spec["devices"][1:])
+    # Recorded, so it can be written again.
+    entry = ckpt.load(env.checkpoint_path, boot_id=BOOT).checkpoint.claims[ref.uid]
+    assert entry.cdi_spec == spec
+    assert metadata.encode(entry.metadata["neurons"]) == env.metadata_path(ref.uid).read_bytes()
+    assert (await p.unprepare([ref]))[ref.uid].error == ""
+    assert not (env.metadata_root / ref.uid).exists()
+    assert not env.spec_path(ref.uid).exists()
+
+
+async def test_without_device_metadata_nothing_is_written(env: Env) -> None:
+    ref = env.claim("c", ["neurondevice0"], annotations=POD_CLAIM)
+    p = env.preparer()
+    ok((await p.prepare([ref]))[ref.uid])
+    assert not env.metadata_root.exists()
+    assert (
+        "mounts"
+        not in json.loads(env.spec_path(ref.uid).read_text())["devices"][0]["containerEdits"]
+    )
+    assert p.checkpoint.claims[ref.uid].metadata == {}
+
+
+async def test_missing_metadata_is_restored_and_orphans_swept(env: Env) -> None:
+    a = env.claim("a", ["neurondevice0"], annotations=POD_CLAIM)
+    b = env.claim("b", ["neurondevice1"])
+    first = env.preparer(device_metadata=True)
+    answers = await first.prepare([a, b])
+    content = env.metadata_path(a.uid).read_bytes()
+    # While the plugin is down: a's metadata vanishes; a crash between a metadata write and
+    # its spec left files of a claim without entry, and a temp file of an interrupted write.
+    shutil.rmtree(env.metadata_root / a.uid)
+    metadata.write_files(env.metadata_root, "orphan", {"neurons": {"metadata": {}}})
+    tmp = env.metadata_path(b.uid).with_name(".metadata.json.0123456789.tmp")
+    tmp.write_text("{")
+    second = env.preparer(device_metadata=True)
+    await second.start()
+    assert env.metadata_path(a.uid).read_bytes() == content
+    assert not (env.metadata_root / "orphan").exists()
+    assert not tmp.exists()
+    # A repeated Prepare (the kubelet restarted) puts a missing file back before answering.
+    env.metadata_path(b.uid).unlink()
+    gets = env.claim_gets
+    assert await second.prepare([a, b]) == answers
+    assert env.claim_gets == gets
+    assert env.metadata_path(b.uid).exists()
+
+
+async def test_entries_with_metadata_stay_whole_with_the_feature_off(env: Env) -> None:
+    # Turned off while claims prepared with it run: their files are still restored and
+    # removed with the claim (the spec still mounts them); new claims get none.
+    a = env.claim("a", ["neurondevice0"])
+    await env.preparer(device_metadata=True).prepare([a])
+    env.metadata_path(a.uid).unlink()
+    off = env.preparer()
+    await off.start()
+    assert env.metadata_path(a.uid).exists()
+    assert (await off.unprepare([a]))[a.uid].error == ""
+    assert not (env.metadata_root / a.uid).exists()
 
 
 async def test_reboot_drops_prepared_claims(env: Env) -> None:

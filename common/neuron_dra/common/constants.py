@@ -95,6 +95,18 @@ ATTR_PCI_BUS_ID: Final = f"{STANDARD_ATTRIBUTE_DOMAIN}/pciBusID"
 #: The NUMA node of the device (int); absent when the kernel reports none (-1).
 ATTR_NUMA_NODE: Final = f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"
 
+#: Attributes only the per-claim device metadata file (KEP-5304) carries: what the claim's
+#: containers were prepared with, beside the device's ResourceSlice attributes. Each mirrors
+#: a variable of the container's environment (docs/configuration.md, "Device metadata file").
+METADATA_ATTR_LOGICAL_NEURON_CORE: Final = "logicalNeuronCore"
+METADATA_ATTR_VISIBLE_CORES: Final = "visibleCores"
+METADATA_ATTR_ULTRASERVER_NODE_COUNT: Final = "ultraserverNodeCount"
+METADATA_ATTR_ULTRASERVER_RUNTIME_MODE: Final = "ultraserverRuntimeMode"
+METADATA_ATTR_ULTRASERVER_SERVER_ID: Final = "ultraserverServerId"
+METADATA_ATTR_ULTRASERVER_SERVER_NODE_ID: Final = "ultraserverServerNodeId"
+METADATA_ATTR_GLOBAL_TOPOLOGY_ID: Final = "globalTopologyId"
+METADATA_ATTR_GLOBAL_TOPOLOGY_ID0_HOST: Final = "globalTopologyId0Host"
+
 RESOURCE_TYPE_DEVICE: Final = "neuron_device"
 RESOURCE_TYPE_NODE: Final = "neuron_node"
 
@@ -104,6 +116,9 @@ CAPACITY_CORES: Final = "cores"
 # --- Node labels ----------------------------------------------------------------------------
 
 LABEL_INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
+#: Set by Kubernetes' resourceclaim controller on a claim it makes from a template: the name
+#: the pod gives the claim (where the claim's device metadata files appear in its containers).
+ANNOTATION_POD_CLAIM_NAME: Final = "resource.kubernetes.io/pod-claim-name"
 LABEL_CAPACITY_BLOCK_ID: Final = "topology.k8s.aws/capacity-block-id"
 LABEL_NETWORK_NODE_LAYER1: Final = "topology.k8s.aws/network-node-layer-1"
 LABEL_NETWORK_NODE_LAYER2: Final = "topology.k8s.aws/network-node-layer-2"

@@ -20,6 +20,7 @@ On disk (``<plugins dir>/<driver>/checkpoint.json``; one line of compact JSON, i
                          "cdiDeviceIds": ["k8s.neuron.aws.com/claim=<uid>-neurondevice3"]}],
             "deviceIndices": [3],
             "cdiSpec": {... the CDI spec as written, so it can be rewritten verbatim ...},
+            "metadata": {"<request>": {... its device metadata document ...}},
             "preparedAt": "2026-01-01T00:00:00Z"
           }
         }
@@ -102,6 +103,9 @@ class ClaimEntry:
     cdi_spec: Mapping[str, Any]
     #: RFC 3339 UTC; for humans reading the file.
     prepared_at: str
+    #: Per base request: the device metadata document its CDI spec mounts (rewritten like the
+    #: spec); empty without device metadata. Omitted from the file when empty.
+    metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def key(self) -> str:
@@ -168,7 +172,7 @@ def checksum(data: Mapping[str, Any]) -> str:
 
 
 def _entry_to_json(entry: ClaimEntry) -> dict[str, Any]:
-    return {
+    out = {
         "namespace": entry.namespace,
         "name": entry.name,
         "devices": [
@@ -184,6 +188,9 @@ def _entry_to_json(entry: ClaimEntry) -> dict[str, Any]:
         "cdiSpec": _plain(entry.cdi_spec),
         "preparedAt": entry.prepared_at,
     }
+    if entry.metadata:
+        out["metadata"] = _plain(entry.metadata)
+    return out
 
 
 def _plain(value: Any) -> Any:
@@ -261,6 +268,9 @@ def _entry_from_json(uid: str, raw: Any) -> ClaimEntry:
     spec = raw.get("cdiSpec")
     if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
         raise CheckpointCorrupt(f"{where}.cdiSpec: expected a CDI spec object")
+    metadata = raw.get("metadata", {})
+    if not isinstance(metadata, dict) or not all(isinstance(d, dict) for d in metadata.values()):
+        raise CheckpointCorrupt(f"{where}.metadata: expected an object of documents")
     return ClaimEntry(
         uid=uid,
         namespace=_str(raw, "namespace", where),
@@ -269,6 +279,7 @@ def _entry_from_json(uid: str, raw: Any) -> ClaimEntry:
         device_indices=tuple(sorted(indices)),
         cdi_spec=spec,
         prepared_at=_str(raw, "preparedAt", where),
+        metadata=metadata,
     )
 
 

@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         "off them, NoExecute also evicts the pods using them, off publishes no taints (env "
         "DEVICE_TAINT_EFFECT; default NoSchedule)",
     )
+    p.add_argument(
+        "--device-metadata",
+        default=_env("DEVICE_METADATA", "true"),
+        help="true or false: write each prepared claim's device metadata file (KEP-5304) and "
+        "mount it into the claim's containers (env DEVICE_METADATA; default true)",
+    )
     add_logging_flags(p)
     return p
 
@@ -117,6 +123,9 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
             f"neuron-dra-kubelet-plugin: --device-taint-effect (DEVICE_TAINT_EFFECT) must be one "
             f"of {', '.join(effects)}, got {args.device_taint_effect!r}"
         )
+    device_metadata = str(args.device_metadata).strip().lower()
+    if device_metadata not in ("true", "false"):
+        raise SystemExit("neuron-dra-kubelet-plugin: --device-metadata must be true or false")
     return PluginConfig(
         node_name=args.node_name,
         pod_uid=args.pod_uid or None,
@@ -138,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         device_taint_effect=(
             None if args.device_taint_effect == TAINT_EFFECTS_OFF else args.device_taint_effect
         ),
+        device_metadata=device_metadata == "true",
     )
 
 

@@ -118,6 +118,8 @@ class PluginConfig:
     #: Where the controller keeps the NeuronUltraServers (its release namespace).
     namespace: str = DRIVER_NAMESPACE
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+    #: Write each prepared claim's device metadata file (KEP-5304) and mount it.
+    device_metadata: bool = True
 
     @property
     def data_dir(self) -> Path:
@@ -181,6 +183,7 @@ class KubeletPlugin:
             driver_name=config.driver_name,
             registry=self.registry,
             boot_id_path=config.boot_id_path,
+            device_metadata=config.device_metadata,
         )
         self.device_status = DeviceStatusWriter(
             kube,

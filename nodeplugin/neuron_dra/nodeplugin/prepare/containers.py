@@ -32,6 +32,15 @@ from neuron_dra.nodeplugin.claims import ClaimPlan
 JsonDict = dict[str, Any]
 
 
+def consumer_pods(claim: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pods a claim is reserved for, as (name, uid)."""
+    return tuple(
+        (str(r.get("name")), str(r.get("uid")))
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if r.get("resource") == "pods" and not r.get("apiGroup")
+    )
+
+
 @dataclass(frozen=True)
 class NeuronClaim:
     """A Neuron claim of this node as far as containers are concerned."""

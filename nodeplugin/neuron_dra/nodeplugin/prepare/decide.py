@@ -17,6 +17,7 @@ from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
+from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
 
 
 def check_claim(ref: ClaimRef, claim: Mapping[str, Any]) -> None:
@@ -83,13 +84,13 @@ def prepared_devices(plan: ClaimPlan, *, pool: str, cdi_kind: str) -> tuple[ckpt
 def new_entry(
     ref: ClaimRef,
     plan: ClaimPlan,
-    spec: dict[str, Any],
+    content: ClaimContent,
     *,
     pool: str,
     cdi_kind: str,
     prepared_at: str,
 ) -> ckpt.ClaimEntry:
-    """The checkpoint entry recording ``plan`` as prepared with CDI spec ``spec``."""
+    """The checkpoint entry recording ``plan`` as prepared with its files' ``content``."""
     return ckpt.ClaimEntry(
         uid=ref.uid,
         namespace=plan.namespace,
@@ -98,8 +99,9 @@ def new_entry(
         # What the claim holds: an admin-access claim holds nothing, so it neither blocks
         # nor is blocked by the claims using its devices.
         device_indices=plan.held_indices,
-        cdi_spec=spec,
+        cdi_spec=content.spec,
         prepared_at=prepared_at,
+        metadata=content.metadata,
     )
 
 

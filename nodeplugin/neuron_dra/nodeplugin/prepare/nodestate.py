@@ -10,7 +10,7 @@ spec writes or removals and at most one checkpoint save.
 
 API calls (Events) never run under the lock: Node Warning Events noted under it are sent
 after it (:meth:`NodeState.emit_deferred_events`). At start-up, :meth:`NodeState.recover`
-makes the disk agree with the checkpoint (missing specs restored, orphans swept).
+makes the disk agree with the checkpoint (missing files restored, orphans swept).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -28,13 +28,9 @@ from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.clock import Clock
 from neuron_dra.common.k8s.errors import KubeError
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import (
-    list_cdi_specs,
-    remove_cdi_spec,
-    spec_file_name,
-    write_cdi_spec,
-)
+from neuron_dra.nodeplugin.cdi import spec_file_name
 from neuron_dra.nodeplugin.nodelock import NodeLock, lock_path
+from neuron_dra.nodeplugin.prepare.claimfiles import ClaimFiles
 from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
@@ -63,8 +59,7 @@ class NodeState:
         kube: KubeClient,
         *,
         node_name: str,
-        cdi_root: Path,
-        cdi_kind: str,
+        files: ClaimFiles,
         checkpoint_path: Path,
         boot_id_path: Path,
         start_lock_timeout: float,
@@ -74,8 +69,8 @@ class NodeState:
     ) -> None:
         self._kube = kube
         self._node = node_name
-        self.cdi_root = cdi_root
-        self.cdi_kind = cdi_kind
+        #: The claims' CDI specs and metadata files.
+        self.files = files
         self.checkpoint_path = checkpoint_path
         self._boot_id_path = boot_id_path
         self._start_lock_timeout = start_lock_timeout
@@ -104,9 +99,6 @@ class NodeState:
     def checkpoint(self) -> ckpt.Checkpoint:
         """The current state (read-only snapshot)."""
         return self._checkpoint
-
-    def write_spec(self, spec: Mapping[str, Any], uid: str) -> None:
-        write_cdi_spec(self.cdi_root, spec, uid, cdi_kind=self.cdi_kind)
 
     # -- the node lock ----------------------------------------------------------------------
 
@@ -268,9 +260,10 @@ class NodeState:
         """Make disk consistent with the checkpoint after a (re)start, under the node lock.
 
         * load it (untrusted file: moved aside + Node Warning Event; reboot: entries dropped);
-        * recreate missing CDI specs of claims still prepared: ``/var/run/cdi`` may have been
-          emptied while the containers using them still need restarts to find their devices;
-        * delete our CDI specs that no entry references: left by a crash between the spec
+        * recreate missing files (CDI specs, metadata files) of claims still prepared:
+          ``/var/run/cdi`` may have been emptied while the containers using them still need
+          restarts to find their devices;
+        * delete our files that no entry references: left by a crash between the files'
           write and the checkpoint write, or by claims dropped after a reboot;
         * delete leftover temp files of interrupted atomic writes.
 
@@ -285,29 +278,33 @@ class NodeState:
         await self.emit_deferred_events()
 
     async def _recover_locked(self) -> None:
-        present = await asyncio.to_thread(list_cdi_specs, self.cdi_root, cdi_kind=self.cdi_kind)
-        for uid, entry in sorted(self._checkpoint.claims.items()):
-            if uid in present:
-                continue
+        files = self.files
+        entries = sorted(self._checkpoint.claims.items())
+        incomplete = await asyncio.to_thread(
+            lambda: [(uid, e) for uid, e in entries if not files.complete(e)]
+        )
+        for uid, entry in incomplete:
             try:
-                await asyncio.to_thread(self.write_spec, entry.cdi_spec, uid)
+                await asyncio.to_thread(files.write, entry)
             except OSError as exc:
                 # Keep going: other claims' specs and the sweep still matter. The claim stays
                 # recorded; a repeated Prepare tries the write again.
-                msg = f"cannot restore CDI spec of ResourceClaim {entry.key} (uid {uid}): {exc}"
+                msg = f"cannot restore the files of ResourceClaim {entry.key} (uid {uid}): {exc}"
                 log.error("%s", msg)
                 self._deferred_events.append((REASON_CDI_RESTORE_FAILED, msg))
             else:
-                log.info("restored missing CDI spec of ResourceClaim %s (uid %s)", entry.key, uid)
+                log.info("restored missing files of ResourceClaim %s (uid %s)", entry.key, uid)
+        present = await asyncio.to_thread(files.present)
         for uid in sorted(present - set(self._checkpoint.claims)):
-            log.info("removing orphan CDI spec for claim uid %s (not in the checkpoint)", uid)
-            await asyncio.to_thread(remove_cdi_spec, self.cdi_root, uid, cdi_kind=self.cdi_kind)
+            log.info("removing orphan CDI spec and metadata of claim uid %s (no entry)", uid)
+            await asyncio.to_thread(files.remove, uid)
         await asyncio.to_thread(self._sweep_temp_files)
 
     def _sweep_temp_files(self) -> None:
-        spec_prefix = "." + spec_file_name("", cdi_kind=self.cdi_kind).removesuffix(".json")
+        self.files.sweep_temp_files()
+        spec_prefix = "." + spec_file_name("", cdi_kind=self.files.cdi_kind).removesuffix(".json")
         for directory, prefix in (
-            (self.cdi_root, spec_prefix),
+            (self.files.cdi_root, spec_prefix),
             (self.checkpoint_path.parent, f".{self.checkpoint_path.name}."),
         ):
             try:

@@ -12,10 +12,11 @@ What the kubelet expects (docs/architecture.md, "What the kubelet expects"):
 For one claim, Prepare: answers from the checkpoint if already prepared; else reads the claim
 (bounded retries within the call's budget, :mod:`.budget`), checks that it is the claim the
 kubelet means (same uid) and is allocated, plans it (:mod:`.decide`, pure), refuses devices
-another prepared claim holds, computes the CDI spec (pure), writes it, then records the claim
-in the checkpoint. That order matters for crashes: a crash after the spec write leaves an
-orphan spec that the start-up sweep deletes; the reverse order could leave a checkpoint entry
-whose spec never existed, which a repeated Prepare would then report as done.
+another prepared claim holds, computes its files (the CDI spec and, with device metadata on,
+the metadata files it mounts: :mod:`.claimfiles`, pure), writes them, then records the claim
+in the checkpoint. That order matters for crashes: a crash after the file writes leaves
+orphan files that the start-up sweep deletes; the reverse order could leave a checkpoint
+entry whose files never existed, which a repeated Prepare would then report as done.
 
 Claims of one call are read and planned concurrently, then decided one after the other in
 call order (so of two claims of a call wanting one device, the first wins) and recorded
@@ -60,15 +61,7 @@ from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import (
-    CDI_KIND,
-    CdiError,
-    cdi_spec_for,
-    claim_env,
-    remove_cdi_spec,
-    spec_file_name,
-    write_cdi_spec,
-)
+from neuron_dra.nodeplugin.cdi import CDI_KIND, CdiError, claim_env
 from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import (
@@ -78,7 +71,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     UnprepareResult,
 )
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
-from neuron_dra.nodeplugin.prepare import containers, decide, holders, record
+from neuron_dra.nodeplugin.prepare import containers, decide, holders, metadata, record
 from neuron_dra.nodeplugin.prepare.budget import (
     PrepareFailure,
     PrepareLimits,
@@ -86,6 +79,7 @@ from neuron_dra.nodeplugin.prepare.budget import (
     read_object,
     state_failure,
 )
+from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent, ClaimFiles, build
 from neuron_dra.nodeplugin.prepare.metrics import PreparerMetrics
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 from neuron_dra.nodeplugin.prepare.unprepare import unprepare
@@ -105,15 +99,6 @@ def _no_topology(workload_id: str | None) -> UltraServerPeers | None:
     return None
 
 
-def consumer_pods(claim: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """The pods a claim is reserved for, as (name, uid)."""
-    return tuple(
-        (str(r.get("name")), str(r.get("uid")))
-        for r in (claim.get("status") or {}).get("reservedFor") or []
-        if r.get("resource") == "pods" and not r.get("apiGroup")
-    )
-
-
 @dataclass(frozen=True)
 class _Planned:
     """A claim read and planned (step 2); its CDI spec comes once every claim of the batch
@@ -126,10 +111,10 @@ class _Planned:
 
 @dataclass(frozen=True)
 class _Specced:
-    """A claim planned, with its CDI spec: ready for step 3."""
+    """A claim planned, with its files' content: ready for step 3."""
 
     plan: ClaimPlan
-    spec: dict[str, Any]
+    content: ClaimContent
 
 
 @dataclass(frozen=True)
@@ -162,6 +147,7 @@ class Preparer:
         boot_id_path: Path = ckpt.DEFAULT_BOOT_ID_PATH,
         cdi_kind: str = CDI_KIND,
         rng: random.Random | None = None,
+        device_metadata: bool = False,
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -179,11 +165,15 @@ class Preparer:
         self._cdi_kind = cdi_kind
         self._rng = rng or random.Random()
         self.metrics = PreparerMetrics(registry)
+        # Device metadata files (KEP-5304) live next to the checkpoint, as the upstream
+        # helper keeps them in the plugin's data directory.
+        self._metadata_root = checkpoint_path.parent / metadata.HOST_SUBDIR
+        self._device_metadata = device_metadata
+        self._files = ClaimFiles(cdi_root, cdi_kind=cdi_kind, metadata_root=self._metadata_root)
         self._state = NodeState(
             kube,
             node_name=node_name,
-            cdi_root=cdi_root,
-            cdi_kind=cdi_kind,
+            files=self._files,
             checkpoint_path=checkpoint_path,
             boot_id_path=boot_id_path,
             start_lock_timeout=self._limits.start_lock_timeout,
@@ -270,13 +260,12 @@ class Preparer:
         return out
 
     async def _already_prepared(self, entry: ckpt.ClaimEntry) -> PrepareResult:
-        path = self._cdi_root / spec_file_name(entry.uid, cdi_kind=self._cdi_kind)
-        if not await asyncio.to_thread(path.exists):
+        if not await asyncio.to_thread(self._files.complete, entry):
             # Someone emptied the CDI dir: the answer would name devices the runtime cannot
-            # resolve, so put the recorded spec back first.
-            log.warning("CDI spec of prepared ResourceClaim %s is missing; rewriting", entry.key)
+            # resolve (or mounts it cannot find), so put the recorded files back first.
+            log.warning("files of prepared ResourceClaim %s are missing; rewriting", entry.key)
             try:
-                await asyncio.to_thread(self._write_spec, entry.cdi_spec, entry.uid)
+                await asyncio.to_thread(self._files.write, entry)
             except OSError as exc:
                 raise PrepareFailure(
                     f"cannot rewrite CDI spec for ResourceClaim {entry.key}: {exc}",
@@ -312,7 +301,7 @@ class Preparer:
                 node_name=self._node,
                 driver_name=self._driver,
             )
-            return _Planned(plan, consumer_pods(claim))
+            return _Planned(plan, containers.consumer_pods(claim))
         except Exception as exc:
             return _Outcome(exc, self._clock.now())
 
@@ -376,11 +365,11 @@ class Preparer:
                             permanent=True,
                             event=True,
                         )
-                    spec = self._spec(item.plan, indices, peers[item.plan.claim_uid])
+                    content = self._content(item.plan, indices, peers[item.plan.claim_uid])
                 except PrepareFailure as exc:
                     outcomes[ref.uid] = _Outcome(exc, self._clock.now())
                     continue
-                out.append((ref, _Specced(item.plan, spec)))
+                out.append((ref, _Specced(item.plan, content)))
         return out
 
     async def _read_pods(
@@ -422,18 +411,23 @@ class Preparer:
         except CdiError as exc:
             raise ValueError(str(exc)) from None
 
-    def _spec(
+    def _content(
         self, plan: ClaimPlan, env_indices: Sequence[int], topology: UltraServerPeers | None
-    ) -> dict[str, Any]:
+    ) -> ClaimContent:
+        """The claim's CDI spec and, with device metadata on, its metadata documents."""
         try:
-            return cdi_spec_for(
+            return build(
                 plan,
                 self._inventory(),
                 cdi_kind=self._cdi_kind,
                 topology=topology,
                 env_indices=None if tuple(env_indices) == plan.device_indices else env_indices,
+                published=self._published() if self._device_metadata else None,
+                driver=self._driver,
+                pool=self._node,
+                metadata_root=self._metadata_root,
             )
-        except CdiError as exc:
+        except (CdiError, ValueError) as exc:
             # plan_claim should have refused whatever cannot be expressed; say so plainly.
             raise PrepareFailure(
                 f"ResourceClaim {plan.key}: cannot build its CDI spec: {exc}",
@@ -490,7 +484,7 @@ class Preparer:
             entry = decide.new_entry(
                 ref,
                 plan,
-                item.spec,
+                item.content,
                 pool=self._node,
                 cdi_kind=self._cdi_kind,
                 prepared_at=self._clock.wall().strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -528,12 +522,9 @@ class Preparer:
             entries,
             released,
             checkpoint_path=self._ckpt_path,
-            write_spec=self._write_spec,
-            remove_spec=lambda uid: remove_cdi_spec(self._cdi_root, uid, cdi_kind=self._cdi_kind),
+            write_files=self._files.write,
+            remove_files=self._files.remove,
         )
-
-    def _write_spec(self, spec: Mapping[str, Any], uid: str) -> None:
-        write_cdi_spec(self._cdi_root, spec, uid, cdi_kind=self._cdi_kind)
 
     # the answers
 

@@ -1,14 +1,13 @@
 """Prepare's step 3 on disk (in a worker thread, the node lock held): the accepted claims'
-CDI specs written, released holders' specs removed, and the checkpoint saved once for the
-whole batch (group commit)."""
+files (CDI spec and metadata files, claimfiles.py) written, released holders' files
+removed, and the checkpoint saved once for the whole batch (group commit)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import decide
@@ -23,20 +22,20 @@ def write_prepared(
     released: frozenset[str],
     *,
     checkpoint_path: Path,
-    write_spec: Callable[[Mapping[str, Any], str], None],
-    remove_spec: Callable[[str], None],
+    write_files: Callable[[ckpt.ClaimEntry], None],
+    remove_files: Callable[[str], None],
 ) -> tuple[ckpt.Checkpoint, bytes | None, dict[str, PrepareFailure]]:
-    """Write the CDI specs of ``entries``, then record the claims whose spec is written in
-    one checkpoint save, with the ``released`` holders' entries dropped (their specs removed
-    first). A claim whose spec cannot be written fails alone. If the save fails, none of
-    them is prepared: each gets the error and the specs written here are taken back (no
+    """Write the files of ``entries``, then record the claims whose files are written in
+    one checkpoint save, with the ``released`` holders' entries dropped (their files removed
+    first). A claim whose files cannot be written fails alone. If the save fails, none of
+    them is prepared: each gets the error and the files written here are taken back (no
     orphans).
 
-    Spec first, entries second: a crash in between leaves orphan specs that the start-up
-    sweep deletes, never an entry whose spec was never written.
+    Files first, entries second: a crash in between leaves orphan files that the start-up
+    sweep deletes, never an entry whose files were never written.
     """
     failures: dict[str, PrepareFailure] = {}
-    new = _release(current, released, remove_spec)
+    new = _release(current, released, remove_files)
     for entry in entries:
         # Checked again at commit time: the checkpoint is the one place where two claims
         # must never both land, whatever the checks before decided.
@@ -45,10 +44,10 @@ def write_prepared(
             failures[entry.uid] = refused
             continue
         try:
-            write_spec(entry.cdi_spec, entry.uid)
+            write_files(entry)
         except OSError as exc:
             failures[entry.uid] = PrepareFailure(
-                f"cannot write CDI spec for ResourceClaim {entry.key}: {exc}",
+                f"cannot write CDI spec or device metadata for ResourceClaim {entry.key}: {exc}",
                 reason="CDIWriteFailed",
                 permanent=False,
                 event=True,
@@ -60,11 +59,11 @@ def write_prepared(
     try:
         raw = ckpt.save(checkpoint_path, new)
     except OSError as exc:
-        # Not recorded means not prepared: take the specs back so no orphan is left.
+        # Not recorded means not prepared: take the files back so no orphan is left.
         for entry in entries:
             if entry.uid not in failures:
                 with contextlib.suppress(OSError):
-                    remove_spec(entry.uid)
+                    remove_files(entry.uid)
                 failures[entry.uid] = PrepareFailure(
                     f"cannot record ResourceClaim {entry.key} in the checkpoint: {exc}",
                     reason="CheckpointWriteFailed",
@@ -75,17 +74,17 @@ def write_prepared(
 
 
 def _release(
-    current: ckpt.Checkpoint, released: frozenset[str], remove_spec: Callable[[str], None]
+    current: ckpt.Checkpoint, released: frozenset[str], remove_files: Callable[[str], None]
 ) -> ckpt.Checkpoint:
-    """``current`` without the released holders whose specs could be removed. As Unprepare
-    does it: spec first, entry second (in the save that follows). A spec that cannot be
-    removed keeps its entry, and the claims wanting its devices are refused (retryably) by
+    """``current`` without the released holders whose files could be removed. As Unprepare
+    does it: files first, entry second (in the save that follows). Files that cannot be
+    removed keep their entry, and the claims wanting its devices are refused (retryably) by
     the conflict check."""
     new = current
     for uid in sorted(released & current.claims.keys()):
         old = current.claims[uid]
         try:
-            remove_spec(uid)
+            remove_files(uid)
         except OSError as exc:
             log.warning("cannot release ResourceClaim %s (uid %s): %s", old.key, uid, exc)
             continue

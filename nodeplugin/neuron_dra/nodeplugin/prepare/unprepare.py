@@ -1,4 +1,5 @@
-"""NodeUnprepareResources: remove the claims' CDI specs, then their checkpoint entries.
+"""NodeUnprepareResources: remove the claims' files (CDI spec, then metadata files), then
+their checkpoint entries.
 
 Unprepare may name claims we never saw or that no longer exist in the API server
 (docs/architecture.md, "What the kubelet expects"), so it works from local state only: the
@@ -11,7 +12,6 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import remove_cdi_spec
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, UnprepareResult
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
 from neuron_dra.nodeplugin.prepare.budget import state_failure
@@ -62,16 +62,16 @@ async def _unprepare_batch(
 def _write_unprepared(
     state: NodeState, current: ckpt.Checkpoint, claims: Sequence[ClaimRef]
 ) -> tuple[ckpt.Checkpoint, bytes | None, dict[str, OSError]]:
-    """In a worker thread: remove the claims' CDI specs, then their entries with one
-    checkpoint save. Spec first, entry second: a crash in between leaves an entry whose
-    spec is gone, which the kubelet's Unprepare retry then removes. Also done for unknown
-    claims: an orphan spec from a crash mid-Prepare is cleaned up here too. A claim whose
-    spec cannot be removed keeps its entry and fails alone."""
+    """In a worker thread: remove the claims' files, then their entries with one
+    checkpoint save. Files first, entry second: a crash in between leaves an entry whose
+    files are gone, which the kubelet's Unprepare retry then removes. Also done for unknown
+    claims: orphan files from a crash mid-Prepare are cleaned up here too. A claim whose
+    files cannot be removed keeps its entry and fails alone."""
     errors: dict[str, OSError] = {}
     gone: list[str] = []
     for ref in claims:
         try:
-            remove_cdi_spec(state.cdi_root, ref.uid, cdi_kind=state.cdi_kind)
+            state.files.remove(ref.uid)
         except OSError as exc:
             errors[ref.uid] = exc
             continue
@@ -83,7 +83,7 @@ def _write_unprepared(
     try:
         raw = ckpt.save(state.checkpoint_path, new)
     except OSError as exc:
-        # The specs are gone, the entries stay: the kubelet's retry removes them.
+        # The files are gone, the entries stay: the kubelet's retry removes them.
         errors.update((uid, exc) for uid in gone)
         return current, None, errors
     return new, raw, errors

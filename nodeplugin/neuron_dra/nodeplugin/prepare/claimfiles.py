@@ -1,0 +1,106 @@
+"""A prepared claim's files, as one: its CDI spec and its device metadata files (one per
+request, which the spec bind-mounts into the containers; :mod:`.metadata`).
+
+The content is built from the plan (pure, :func:`build`) and kept in the claim's checkpoint
+entry, so the files can be rewritten verbatim. :class:`ClaimFiles` writes, checks, lists and
+removes them. Their order keeps a container from ever being given a mount whose source is
+missing: in, the metadata files first and the spec last; out, the spec first. With the
+checkpoint around them (Prepare: files, then the entry, record.py; Unprepare: files, then
+the entry, unprepare.py), a crash at any point leaves either files no entry names, which the
+start-up sweep deletes, or an entry some of whose files are gone, which the start-up
+recovery (or a repeated Prepare) writes again from the entry and the kubelet's Unprepare
+retry removes (nodestate.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_dra.common.ultraserver import UltraServerPeers
+from neuron_dra.nodeplugin import checkpoint as ckpt
+from neuron_dra.nodeplugin.cdi import (
+    cdi_spec_for,
+    list_cdi_specs,
+    remove_cdi_spec,
+    spec_file_name,
+    write_cdi_spec,
+)
+from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.prepare import metadata
+
+
+@dataclass(frozen=True)
+class ClaimContent:
+    """What a prepared claim's files hold."""
+
+    spec: dict[str, Any]
+    #: Per base request name: its device metadata document; empty without device metadata.
+    metadata: Mapping[str, Mapping[str, Any]]
+
+
+def build(
+    plan: ClaimPlan,
+    inventory: NodeInventory,
+    *,
+    cdi_kind: str,
+    topology: UltraServerPeers | None,
+    env_indices: Sequence[int] | None,
+    published: Mapping[str, Mapping[str, Any]] | None,
+    driver: str,
+    pool: str,
+    metadata_root: Path,
+) -> ClaimContent:
+    """The claim's CDI spec (:func:`~neuron_dra.nodeplugin.cdi.cdi_spec_for`) and, when
+    ``published`` is given (device metadata on), its metadata documents and the spec's
+    mounts of them. Raises CdiError or ValueError for a plan that cannot be expressed."""
+    spec = cdi_spec_for(
+        plan, inventory, cdi_kind=cdi_kind, topology=topology, env_indices=env_indices
+    )
+    if published is None:
+        return ClaimContent(spec, {})
+    docs = metadata.documents(
+        plan, inventory=inventory, topology=topology, published=published, driver=driver, pool=pool
+    )
+    spec = metadata.with_mounts(spec, plan, docs, root=metadata_root, driver=driver)
+    return ClaimContent(spec, docs)
+
+
+class ClaimFiles:
+    """The claims' files on this node: CDI specs in ``cdi_root``, metadata files under
+    ``metadata_root`` (both shared by the node's plugin instances: call under the node
+    lock)."""
+
+    def __init__(self, cdi_root: Path, *, cdi_kind: str, metadata_root: Path) -> None:
+        self.cdi_root = cdi_root
+        self.cdi_kind = cdi_kind
+        self.metadata_root = metadata_root
+
+    def write(self, entry: ckpt.ClaimEntry) -> None:
+        """Write the entry's files: metadata first, the spec that mounts them last."""
+        metadata.write_files(self.metadata_root, entry.uid, entry.metadata)
+        write_cdi_spec(self.cdi_root, entry.cdi_spec, entry.uid, cdi_kind=self.cdi_kind)
+
+    def remove(self, uid: str) -> None:
+        """Remove a claim's files, the spec first; already gone is fine."""
+        remove_cdi_spec(self.cdi_root, uid, cdi_kind=self.cdi_kind)
+        metadata.remove_files(self.metadata_root, uid)
+
+    def complete(self, entry: ckpt.ClaimEntry) -> bool:
+        """Whether every file of ``entry`` exists (someone may have emptied a directory)."""
+        spec = self.cdi_root / spec_file_name(entry.uid, cdi_kind=self.cdi_kind)
+        return spec.exists() and metadata.files_exist(self.metadata_root, entry.uid, entry.metadata)
+
+    def present(self) -> set[str]:
+        """Claim uids with any file here (for the start-up sweep)."""
+        return list_cdi_specs(self.cdi_root, cdi_kind=self.cdi_kind) | metadata.list_claims(
+            self.metadata_root
+        )
+
+    def sweep_temp_files(self) -> None:
+        """Delete leftovers of interrupted atomic writes of metadata files (the CDI
+        directory's are swept with the checkpoint's, nodestate.py)."""
+        metadata.sweep_temp_files(self.metadata_root)

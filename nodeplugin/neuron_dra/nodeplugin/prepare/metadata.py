@@ -1,0 +1,376 @@
+"""The per-claim device metadata file (KEP-5304): a prepared claim's devices and their
+attributes, for programs in the container (docs/configuration.md, "Device metadata file").
+
+The format is Kubernetes' (k8s.io/dynamic-resource-allocation: ``api/metadata``, written by
+its ``kubeletplugin`` helper with ``EnableDeviceMetadata``, read by its ``devicemetadata``
+decoder; v0.36 and v0.37 agree on all of it). Nothing in the kubelet takes part, so it works
+on every Kubernetes minor. What the container sees:
+
+* one file per claim request, at
+  ``/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/<pod claim
+  name>/<request>/<driver>-metadata.json`` for a claim made from a template (the name the
+  pod gives the claim: the claim's own name is generated, so a program could not know it),
+  else ``.../resourceclaims/<claim name>/<request>/<driver>-metadata.json``. ``<request>``
+  is the base request (a ``req/sub`` subrequest's file is under ``req``);
+* the file is a JSON stream: the same ``DeviceMetadata`` object once per API version,
+  newest first (``metadata.resource.k8s.io/v1beta1``, then ``v1alpha1`` for programs built
+  with the 1.36 library); each has the claim's identity (``metadata``: name, namespace,
+  uid, generation 1), ``podClaimName`` and one ``requests`` entry listing the request's
+  devices (driver, pool, name, ``attributes`` in the ResourceSlice format).
+
+How it gets there: the file is written on the host at ``<root>/<claim uid>/<request>/
+metadata.json`` and bind-mounted read-only (``["ro", "bind"]``) by a CDI mount on the
+request's first device. Two deliberate differences from the helper, neither visible inside
+the container: the host directory is keyed by the claim's uid (the helper's
+``<namespace>_<name>`` lets the Unprepare of a deleted claim remove the files of a
+successor of the same name, which a restarted container then cannot mount), and the mount
+rides in the claim's own CDI spec rather than in a second spec per request, so a claim's
+files are written, restored and removed together (:mod:`.claimfiles`).
+
+Attributes, every name qualified with its domain: the device's ResourceSlice attributes as
+published when the claim is prepared (without ``healthy``, which changes afterwards), plus
+what the claim's containers were prepared with: the LNC, the device's cores, the
+UltraServer mode and ids, the rank and the rank-0 host. Those come from the function that
+makes the ``NEURON_*`` variables (:func:`~neuron_dra.nodeplugin.cdi.claim_env`), so file
+and environment agree. An admin-access claim gets the slice attributes only: the runtime
+settings belong to the claims that use the devices. The format allows 32 attributes per
+device; should the slice's ever leave too little room, the ones of least use to a program
+in the container go first (:data:`_DROP_FIRST`).
+
+Everything above the "files" section is pure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from neuron_dra.common import constants as c
+from neuron_dra.common.ultraserver import UltraServerPeers
+from neuron_dra.nodeplugin.atomicfile import replace_file
+from neuron_dra.nodeplugin.cdi import (
+    ENV_GLOBAL_TOPOID,
+    ENV_GLOBAL_TOPOID0_HOST,
+    ENV_US_MODE,
+    ENV_US_NODE_ID,
+    ENV_US_SERVER_ID,
+    claim_env,
+    minimum_cdi_version,
+    visible_cores,
+)
+from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
+from neuron_dra.nodeplugin.slices import inventory_profile, node_default_lnc
+
+METADATA_GROUP: Final = "metadata.resource.k8s.io"
+#: Newest first: a reader takes the first object whose version it knows.
+API_VERSIONS: Final = (f"{METADATA_GROUP}/v1beta1", f"{METADATA_GROUP}/v1alpha1")
+KIND: Final = "DeviceMetadata"
+
+CONTAINER_DIR: Final = "/var/run/kubernetes.io/dra-device-attributes"
+CLAIMS_SUBDIR: Final = "resourceclaims"
+TEMPLATES_SUBDIR: Final = "resourceclaimtemplates"
+FILE_SUFFIX: Final = "-metadata.json"
+
+#: Under the plugin's data directory (next to the checkpoint), as the helper keeps it.
+HOST_SUBDIR: Final = "dra-device-metadata"
+HOST_FILE: Final = "metadata.json"
+MOUNT_OPTIONS: Final = ("ro", "bind")
+
+#: ``maxProperties`` of a device's attributes in the format.
+MAX_ATTRIBUTES: Final = 32
+
+#: Slice attributes the file leaves out: the file is written once, and ``healthy`` changes.
+_LEFT_OUT: Final = frozenset({c.ATTR_HEALTHY})
+#: Slice attributes that make room first when a device would have more than
+#: :data:`MAX_ATTRIBUTES` (then the rest, last name first).
+_DROP_FIRST: Final = (
+    c.ATTR_DRA_DRIVER_VERSION,
+    c.ATTR_NETWORK_NODE_LAYER3,
+    c.ATTR_NETWORK_NODE_LAYER2,
+    c.ATTR_NETWORK_NODE_LAYER1,
+    c.ATTR_CAPACITY_BLOCK_ID,
+    c.ATTR_ULTRASERVER_MODES,
+    c.ATTR_TOPOLOGY8_ID,
+    c.ATTR_TOPOLOGY4_ID,
+)
+
+Attribute = dict[str, Any]
+Document = Mapping[str, Any]
+
+
+def base_request(name: str) -> str:
+    return name.split("/", 1)[0]
+
+
+def _segment(value: str, what: str) -> str:
+    # Names Kubernetes validated (a uid, DNS labels); checked again because they become paths.
+    if not value or "/" in value or value in (".", ".."):
+        raise ValueError(f"{what} {value!r} cannot name a metadata file")
+    return value
+
+
+def container_path(plan: ClaimPlan, request: str, *, driver: str) -> str:
+    """Where the container finds the file of ``request`` (a base request name)."""
+    if plan.pod_claim_name:
+        under = f"{TEMPLATES_SUBDIR}/{_segment(plan.pod_claim_name, 'pod claim name')}"
+    else:
+        under = f"{CLAIMS_SUBDIR}/{_segment(plan.name, 'claim name')}"
+    return f"{CONTAINER_DIR}/{under}/{_segment(request, 'request')}/{driver}{FILE_SUFFIX}"
+
+
+def host_path(root: Path, claim_uid: str, request: str) -> Path:
+    return root / _segment(claim_uid, "claim uid") / _segment(request, "request") / HOST_FILE
+
+
+def _int(value: int) -> Attribute:
+    return {"int": value}
+
+
+def _str(value: str) -> Attribute:
+    return {"string": value}
+
+
+def _qualified(name: str, driver: str) -> str:
+    """A ResourceSlice attribute name with its domain (a short one is in the driver's)."""
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def runtime_attributes(
+    plan: ClaimPlan,
+    inventory: NodeInventory,
+    *,
+    topology: UltraServerPeers | None,
+    driver: str,
+) -> dict[str, Attribute]:
+    """What every device of a (non admin-access) claim was prepared with, as the claim's
+    own ``NEURON_*`` variables say it: the effective LNC, the UltraServer node count, mode
+    number, server and node id, the rank and the rank-0 host. A value the format cannot hold
+    (a host name over 64 characters) is left out; the variable still has it."""
+    env = claim_env(plan, inventory, topology=topology)
+    profile = inventory_profile(inventory)
+    lnc = plan.lnc if plan.lnc is not None else node_default_lnc(inventory, profile)
+    out: dict[str, Attribute] = {c.METADATA_ATTR_LOGICAL_NEURON_CORE: _int(lnc)}
+    if ENV_US_MODE in env:
+        mode = UltraServerMode(int(env[ENV_US_MODE]))
+        out[c.METADATA_ATTR_ULTRASERVER_NODE_COUNT] = _int(mode.node_count)
+        out[c.METADATA_ATTR_ULTRASERVER_RUNTIME_MODE] = _int(int(mode))
+    if ENV_US_SERVER_ID in env:
+        out[c.METADATA_ATTR_ULTRASERVER_SERVER_ID] = _str(env[ENV_US_SERVER_ID])
+    if ENV_US_NODE_ID in env:
+        out[c.METADATA_ATTR_ULTRASERVER_SERVER_NODE_ID] = _int(int(env[ENV_US_NODE_ID]))
+    if ENV_GLOBAL_TOPOID in env:
+        out[c.METADATA_ATTR_GLOBAL_TOPOLOGY_ID] = _int(int(env[ENV_GLOBAL_TOPOID]))
+    host = env.get(ENV_GLOBAL_TOPOID0_HOST, "")
+    if host and len(host) <= c.MAX_ATTRIBUTE_VALUE_LENGTH:
+        out[c.METADATA_ATTR_GLOBAL_TOPOLOGY_ID0_HOST] = _str(host)
+    return {_qualified(k, driver): v for k, v in out.items()}
+
+
+def device_runtime_attributes(
+    plan: ClaimPlan, device: str, inventory: NodeInventory, *, driver: str
+) -> dict[str, Attribute]:
+    """One device's part: its cores as ``NEURON_RT_VISIBLE_CORES`` numbers them (all of the
+    node's for ``neuronnode``) and, for a single device, its logical core count at the
+    claim's LNC (the slice's is at the node's default)."""
+    profile = inventory_profile(inventory)
+    lnc = plan.lnc if plan.lnc is not None else node_default_lnc(inventory, profile)
+    per_device = profile.cores_per_device // lnc
+    if device == c.NODE_DEVICE_NAME:
+        indices: tuple[int, ...] = plan.device_indices
+    else:
+        indices = (int(device.removeprefix(c.DEVICE_NAME_PREFIX)),)
+    out = {c.METADATA_ATTR_VISIBLE_CORES: _str(visible_cores(indices, per_device))}
+    if device != c.NODE_DEVICE_NAME:
+        out[c.ATTR_LOGICAL_CORE_COUNT] = _int(per_device)
+    return {_qualified(k, driver): v for k, v in out.items()}
+
+
+def fit_attributes(
+    published: Mapping[str, Any], runtime: Mapping[str, Attribute], *, driver: str
+) -> dict[str, Attribute]:
+    """The device's attributes for the file: the slice's (``published``, names as in the
+    slice) under the runtime ones (which win a name both have), at most
+    :data:`MAX_ATTRIBUTES`, sorted by name as the helper's encoder writes a map."""
+    from_slice = {
+        _qualified(k, driver): dict(v)
+        for k, v in published.items()
+        if k not in _LEFT_OUT and isinstance(v, Mapping)
+    }
+    names = [n for n in from_slice if n not in runtime]
+    room = MAX_ATTRIBUTES - len(runtime)
+    if len(names) > room:
+        order = [_qualified(n, driver) for n in _DROP_FIRST] + sorted(names, reverse=True)
+        dropped: set[str] = set()
+        for name in order:
+            if len(names) - len(dropped) <= room:
+                break
+            if name in from_slice and name not in runtime:
+                dropped.add(name)
+        names = [n for n in names if n not in dropped]
+    return dict(sorted({**{n: from_slice[n] for n in names}, **runtime}.items()))
+
+
+def documents(
+    plan: ClaimPlan,
+    *,
+    inventory: NodeInventory,
+    topology: UltraServerPeers | None,
+    published: Mapping[str, Mapping[str, Any]],
+    driver: str,
+    pool: str,
+) -> dict[str, dict[str, Any]]:
+    """Per base request of the claim: its ``DeviceMetadata`` object, without ``apiVersion``
+    and ``kind`` (:func:`encode` adds them per version). ``published``: this node's devices
+    as its ResourceSlice has them (device name -> attributes)."""
+    card: dict[str, Attribute] = {}
+    if not plan.admin_access:
+        card = runtime_attributes(plan, inventory, topology=topology, driver=driver)
+    requests: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    for names, device in plan.devices:
+        runtime = dict(card)
+        if not plan.admin_access:
+            runtime.update(device_runtime_attributes(plan, device, inventory, driver=driver))
+        entry: dict[str, Any] = {"driver": driver, "pool": pool, "name": device}
+        attributes = fit_attributes(published.get(device) or {}, runtime, driver=driver)
+        if attributes:
+            entry["attributes"] = attributes
+        for name in names:
+            requests.setdefault(base_request(name), (name, []))[1].append(entry)
+    meta = {"name": plan.name, "namespace": plan.namespace, "uid": plan.claim_uid}
+    out: dict[str, dict[str, Any]] = {}
+    for base, (name, devices) in requests.items():
+        doc: dict[str, Any] = {"metadata": {**meta, "generation": 1}}
+        if plan.pod_claim_name:
+            doc["podClaimName"] = plan.pod_claim_name
+        doc["requests"] = [{"name": name, "devices": devices}]
+        out[base] = doc
+    return out
+
+
+#: The helper's field order (its Go structs'); map keys (attribute names) sort after them
+#: by name, as Go writes a map.
+_FIELD_ORDER: Final = {
+    name: i
+    for i, name in enumerate(
+        (
+            *("kind", "apiVersion", "metadata", "name", "namespace", "uid", "generation"),
+            *("podClaimName", "requests", "devices", "driver", "pool", "attributes"),
+            "networkData",
+        )
+    )
+}
+
+
+def _ordered(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        keys = sorted(value, key=lambda k: (_FIELD_ORDER.get(k, len(_FIELD_ORDER)), k))
+        return {k: _ordered(value[k]) for k in keys}
+    if isinstance(value, list | tuple):
+        return [_ordered(v) for v in value]
+    return value
+
+
+def encode(document: Document) -> bytes:
+    """The file's bytes: the object once per API version, newest first, each followed by a
+    newline, fields in the helper's order whatever the order of ``document`` (one read back
+    from the checkpoint has its keys sorted), so a rewrite gives the same bytes."""
+    return "".join(
+        json.dumps(_ordered({"kind": KIND, "apiVersion": version, **document}), indent=2) + "\n"
+        for version in API_VERSIONS
+    ).encode()
+
+
+def decode(raw: str) -> list[dict[str, Any]]:
+    """Every object of a metadata stream, in order (for tests and tools; the first one whose
+    ``apiVersion`` a reader knows is the one to use)."""
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    at = 0
+    while True:
+        while at < len(raw) and raw[at].isspace():
+            at += 1
+        if at == len(raw):
+            return out
+        obj, at = decoder.raw_decode(raw, at)
+        out.append(obj)
+
+
+def with_mounts(
+    spec: Mapping[str, Any], plan: ClaimPlan, requests: Iterable[str], *, root: Path, driver: str
+) -> dict[str, Any]:
+    """``spec`` (the claim's CDI spec, devices in ``plan.devices`` order) with the read-only
+    bind mount of each request's file on the first device of the request: a runtime applies a
+    device's edits to a container that gets the device, which the kubelet gives to the
+    containers naming the claim or that request."""
+    devices = [
+        {**d, "containerEdits": dict(d.get("containerEdits") or {})} for d in spec["devices"]
+    ]
+    if len(devices) != len(plan.devices):
+        raise ValueError(f"claim {plan.key}: spec devices do not match the plan")
+    first: dict[str, int] = {}
+    for i, (names, _) in enumerate(plan.devices):
+        for name in names:
+            first.setdefault(base_request(name), i)
+    for request in sorted(set(requests)):
+        edits = devices[first[request]]["containerEdits"]
+        mount = {
+            "hostPath": str(host_path(root, plan.claim_uid, request)),
+            "containerPath": container_path(plan, request, driver=driver),
+            "options": list(MOUNT_OPTIONS),
+        }
+        edits["mounts"] = [*(edits.get("mounts") or []), mount]
+    out = {**spec, "devices": devices}
+    out["cdiVersion"] = minimum_cdi_version(out)
+    return out
+
+
+# --- files (edge) ---------------------------------------------------------------------------
+
+
+def write_files(root: Path, claim_uid: str, docs: Mapping[str, Document]) -> None:
+    """Write each request's file atomically (0644: containers read it as any user).
+
+    Not fsynced, like the checkpoint: only a power loss or kernel crash loses the page
+    cache, and after that reboot the checkpoint drops the claims and the start-up sweep
+    their files.
+    """
+    for request, doc in sorted(docs.items()):
+        replace_file(host_path(root, claim_uid, request), encode(doc), mode=0o644, durable=False)
+
+
+def files_exist(root: Path, claim_uid: str, requests: Iterable[str]) -> bool:
+    return all(host_path(root, claim_uid, r).is_file() for r in requests)
+
+
+def remove_files(root: Path, claim_uid: str) -> None:
+    """Remove the claim's files; already gone is fine (Unprepare is retried)."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(root / _segment(claim_uid, "claim uid"))
+
+
+def list_claims(root: Path) -> set[str]:
+    """Claim uids with a metadata directory under ``root`` (for the start-up sweep)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return set()
+    return {n for n in names if not n.startswith(".") and (root / n).is_dir()}
+
+
+def sweep_temp_files(root: Path) -> None:
+    """Delete leftovers of interrupted atomic writes (``.metadata.json.<hex>.tmp``)."""
+    prefix = f".{HOST_FILE}."
+    for uid in list_claims(root):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for request in os.listdir(root / uid):
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    for name in os.listdir(root / uid / request):
+                        if name.startswith(prefix) and name.endswith(".tmp"):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(root / uid / request / name)
