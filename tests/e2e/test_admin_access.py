@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from neuron_dra.common.k8s.errors import AlreadyExistsError
+from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster
@@ -102,6 +103,13 @@ async def test_a_monitor_watches_devices_in_use_without_their_env(walk: Walkthro
         seen = await walk.view(mon)
         assert seen.device_nodes == [f"/dev/neuron{i}" for i in range(16)]
         assert not {k for k in seen.env if k.startswith("NEURON_")}, seen.env
+        # Its device metadata file lists the devices with their slice attributes and none of
+        # the settings (cores, LNC, ranks) of the claims that use them.
+        (text,) = seen.files.values()
+        devices = metadata.decode(text)[0]["requests"][0]["devices"]
+        assert [d["name"] for d in devices] == [f"neurondevice{i}" for i in range(16)]
+        assert devices[3]["attributes"]["neuron.aws.com/deviceId"] == {"int": 3}
+        assert not any("neuron.aws.com/visibleCores" in d["attributes"] for d in devices)
         results = [r for c in sim.claims_of(mon).values() for r in _results(c)]
         assert len(results) == 16 and all(r.get("adminAccess") for r in results)
         # The user's pod keeps its device and its cores ...

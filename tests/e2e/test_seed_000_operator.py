@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from neuron_dra.common import constants as c
+from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.commands.walkthrough.seed000 import workload_for_sim
 from neuron_dra.sim.simcluster import SimCluster
@@ -50,6 +51,17 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
         assert p["metadata"]["labels"]["pod-template-hash"] == _hash
     got = await ranks(walk, pods)
     assert sorted(got) == list(range(8))
+    # Each container's device metadata file (KEP-5304) carries its rank and leader too.
+    for pod in pods[:2]:
+        view = await walk.view(pod)
+        (text,) = view.files.values()
+        (device,) = metadata.decode(text)[0]["requests"][0]["devices"]
+        assert device["name"] == c.NODE_DEVICE_NAME
+        attrs = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
+        assert attrs["neuron.aws.com/globalTopologyId"] == int(view.env["NEURON_GLOBAL_TOPOID"])
+        assert attrs["neuron.aws.com/globalTopologyId0Host"] == got[0][2]
+        assert attrs["neuron.aws.com/ultraserverNodeCount"] == 4
+        assert attrs["neuron.aws.com/workloadId"] == wid
     nodes = [node for _, node, _ in got.values()]
     assert sorted(nodes) == tagged  # one pod per allocated node
     # One leader for every rank: rank 0's node, by the address its Node reports.

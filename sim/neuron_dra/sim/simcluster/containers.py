@@ -10,6 +10,7 @@ inject, not what the plugin meant to write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ class CdiResolutionError(Exception):
 class ContainerDevices:
     env: dict[str, str] = field(default_factory=dict)
     device_nodes: list[str] = field(default_factory=list)
+    #: Files mounted from the host (the claims' device metadata files): path in the
+    #: container -> content.
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def load_specs(cdi_root: Path) -> list[dict[str, Any]]:
@@ -48,6 +52,12 @@ def _apply(edits: Mapping[str, Any], out: ContainerDevices) -> None:
         path = str(node.get("path"))
         if path not in out.device_nodes:
             out.device_nodes.append(path)
+    for mount in edits.get("mounts") or []:
+        # What the runtime's bind mount shows: the host file as it is now. A missing source
+        # would fail the container's creation; here the file is just absent.
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            host = Path(str(mount.get("hostPath")))
+            out.files[str(mount.get("containerPath"))] = host.read_text()
 
 
 def resolve(specs: Iterable[Mapping[str, Any]], cdi_ids: Iterable[str]) -> ContainerDevices:

@@ -10,6 +10,7 @@ it asks this part to start, stop and fail nodes and plugins, and to look into co
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import re
@@ -31,8 +32,15 @@ log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
 PLUGIN = "neuron-dra-kubelet-plugin"
-#: What a container is asked: its Neuron device nodes (character devices only) and its env.
-_LOOK_INSIDE = 'for d in /dev/neuron*; do [ -c "$d" ] && echo "DEVICE $d"; done; env'
+#: The directory where containers find the claims' device metadata files.
+_METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
+#: What a container is asked: its Neuron device nodes (character devices only), the device
+#: metadata files mounted into it (each on one line, base64) and its env.
+_LOOK_INSIDE = (
+    'for d in /dev/neuron*; do [ -c "$d" ] && echo "DEVICE $d"; done; '
+    f"for f in $(find {_METADATA_DIR} -type f 2>/dev/null); do "
+    'echo "FILE $f $(base64 < "$f" | tr -d "\\n")"; done; env'
+)
 #: kubectl errors that go away: the API server's resolver has not seen a new node's name
 #: yet (it re-reads its hosts file at most every 5 s), or the container is just starting.
 _TRANSIENT = re.compile(r"no such host|container not found|unable to upgrade|does not have a host")
@@ -77,6 +85,9 @@ def parse_look_inside(output: str) -> ContainerDevices:
     for line in output.splitlines():
         if line.startswith("DEVICE "):
             devices.append(line.removeprefix("DEVICE ").strip())
+        elif line.startswith("FILE "):
+            path, _, data = line.removeprefix("FILE ").strip().partition(" ")
+            out.files[path] = base64.b64decode(data).decode(errors="replace")
         elif re.match(r"[A-Za-z_][A-Za-z0-9_]*=", line):
             key, _, value = line.partition("=")
             out.env[key] = value

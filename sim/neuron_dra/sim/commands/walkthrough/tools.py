@@ -47,6 +47,8 @@ class PodView:
     devices: list[str]
     env: dict[str, str]
     device_nodes: list[str]
+    #: The device metadata files mounted into the container: path -> content.
+    files: dict[str, str]
 
 
 class WalkthroughTools:
@@ -121,6 +123,7 @@ class WalkthroughTools:
             sorted(devices, key=device_order),
             dict(inj.env) if inj else {},
             list(inj.device_nodes) if inj else [],
+            dict(inj.files) if inj else {},
         )
 
     async def running(self, names: Sequence[str]) -> list[JsonDict]:
