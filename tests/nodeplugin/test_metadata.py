@@ -287,7 +287,7 @@ def test_container_paths_follow_the_upstream_layout() -> None:
     assert md.container_path(one_request(0, pod_claim_name=None), "r", driver=DRIVER) == (
         f"{base}/resourceclaims/train-0-neurons-x7k2q/r/neuron.aws.com-metadata.json"
     )
-    assert md.host_path(ROOT, UID, "r") == ROOT / UID / "r" / "metadata.json"
+    assert md.host_path(ROOT, UID, "r") == ROOT / f"{UID}_r.json"
 
 
 @pytest.mark.parametrize("bad", ["", ".", "..", "a/b"])
@@ -296,6 +296,8 @@ def test_names_that_would_escape_the_directory_are_refused(bad: str) -> None:
         md.host_path(ROOT, bad, "r")
     with pytest.raises(ValueError, match="cannot name a metadata file"):
         md.container_path(one_request(0), bad, driver=DRIVER)
+    with pytest.raises(ValueError, match="cannot name a metadata file"):
+        md.host_path(ROOT, "a_b", "r")  # the uid's separator from the request
 
 
 # --- the 32-attribute limit ------------------------------------------------------------------
@@ -363,8 +365,9 @@ def test_stream_holds_the_object_once_per_version_newest_first() -> None:
         assert list(obj)[:2] == ["kind", "apiVersion"]
         assert obj["kind"] == "DeviceMetadata"
         assert {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")} == doc
-    # Concatenated objects, one per line group, each closed by a newline.
-    assert raw.count("\n}\n") == 2 and raw.endswith("}\n")
+    # One object a line (compact), each closed by a newline.
+    assert [json.loads(line) for line in raw.splitlines()] == objects
+    assert raw.endswith("}\n")
     assert md.decode("") == []
 
 
@@ -388,7 +391,7 @@ def test_each_request_is_mounted_on_its_first_device_only() -> None:
     assert mounts == [
         [
             {
-                "hostPath": f"{ROOT}/{UID}/a/metadata.json",
+                "hostPath": f"{ROOT}/{UID}_a.json",
                 "containerPath": f"{base}/a/neuron.aws.com-metadata.json",
                 "options": ["ro", "bind"],
             }
@@ -396,7 +399,7 @@ def test_each_request_is_mounted_on_its_first_device_only() -> None:
         None,
         [
             {
-                "hostPath": f"{ROOT}/{UID}/b/metadata.json",
+                "hostPath": f"{ROOT}/{UID}_b.json",
                 "containerPath": f"{base}/b/neuron.aws.com-metadata.json",
                 "options": ["ro", "bind"],
             }
@@ -424,7 +427,7 @@ def test_build_without_device_metadata_is_the_plain_spec() -> None:
     content = build(p, TRN2, published=published(TRN2), **kw)
     assert set(content.metadata) == {"neurons"}
     assert content.spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(
-        ROOT / UID / "neurons" / "metadata.json"
+        ROOT / f"{UID}_neurons.json"
     )
 
 
@@ -463,7 +466,7 @@ def test_claim_files_written_checked_listed_and_removed(tmp_path: Path) -> None:
     files.write(entry)
     assert files.complete(entry)
     assert files.present() == {UID}
-    path = root / UID / "neurons" / "metadata.json"
+    path = root / f"{UID}_neurons.json"
     assert md.decode(path.read_text())[0]["requests"][0]["devices"][0]["name"] == "neurondevice0"
     assert stat.S_IMODE(path.stat().st_mode) == 0o644  # containers read it as any user
     # The spec mounts exactly that file.
@@ -474,28 +477,32 @@ def test_claim_files_written_checked_listed_and_removed(tmp_path: Path) -> None:
     files.remove(UID)
     files.remove(UID)  # idempotent
     assert files.present() == set()
-    assert not (root / UID).exists()
+    assert os.listdir(root) == []
 
 
 def test_metadata_is_written_before_the_spec(tmp_path: Path) -> None:
     root = tmp_path / "meta"
-    root.mkdir()
-    (root / UID).write_text("not a directory")  # the metadata write fails
+    root.write_text("not a directory")  # the metadata write fails
     files = ClaimFiles(tmp_path / "cdi", cdi_kind="k8s.neuron.aws.com/claim", metadata_root=root)
     with pytest.raises(OSError):
         files.write(entry_with_metadata(one_request(0), root))
     assert not (tmp_path / "cdi" / spec_file_name(UID)).exists()
 
 
-def test_list_and_sweep_leftovers(tmp_path: Path) -> None:
+def test_list_remove_and_sweep_leftovers(tmp_path: Path) -> None:
     root = tmp_path / "meta"
     assert md.list_claims(root) == set()
-    md.write_files(root, UID, {"r": {"metadata": {}}})
-    leftover = root / UID / "r" / ".metadata.json.0123456789.tmp"
+    md.remove_files(root, UID)  # no directory yet: nothing to do
+    md.write_files(root, UID, {"r": {"metadata": {}}, "s": {"metadata": {}}})
+    md.write_files(root, "other", {"r": {"metadata": {}}})
+    leftover = root / f".{UID}_r.json.0123456789.tmp"
     leftover.write_text("{")
-    (root / ".hidden").mkdir()
     (root / "stray-file").write_text("")
-    assert md.list_claims(root) == {UID}
+    assert md.list_claims(root) == {UID, "other"}
     md.sweep_temp_files(root)
-    assert sorted(os.listdir(root / UID / "r")) == ["metadata.json"]
-    assert md.files_exist(root, UID, ["r"]) and not md.files_exist(root, UID, ["r", "s"])
+    assert sorted(os.listdir(root)) == sorted(
+        [f"{UID}_r.json", f"{UID}_s.json", "other_r.json", "stray-file"]
+    )
+    assert md.files_exist(root, UID, ["r", "s"]) and not md.files_exist(root, UID, ["r", "t"])
+    md.remove_files(root, UID)
+    assert sorted(os.listdir(root)) == ["other_r.json", "stray-file"]

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -200,7 +199,7 @@ class Env:
         return self.checkpoint_path.parent / "dra-device-metadata"
 
     def metadata_path(self, uid: str, request: str = "neurons") -> Path:
-        return self.metadata_root / uid / request / "metadata.json"
+        return self.metadata_root / f"{uid}_{request}.json"
 
     @property
     def claim_gets(self) -> int:
@@ -817,7 +816,7 @@ async def test_device_metadata_is_written_mounted_recorded_and_removed(env: Env)
     assert entry.cdi_spec == spec
     assert metadata.encode(entry.metadata["neurons"]) == env.metadata_path(ref.uid).read_bytes()
     assert (await p.unprepare([ref]))[ref.uid].error == ""
-    assert not (env.metadata_root / ref.uid).exists()
+    assert not env.metadata_path(ref.uid).exists()
     assert not env.spec_path(ref.uid).exists()
 
 
@@ -841,14 +840,14 @@ async def test_missing_metadata_is_restored_and_orphans_swept(env: Env) -> None:
     content = env.metadata_path(a.uid).read_bytes()
     # While the plugin is down: a's metadata vanishes; a crash between a metadata write and
     # its spec left files of a claim without entry, and a temp file of an interrupted write.
-    shutil.rmtree(env.metadata_root / a.uid)
+    env.metadata_path(a.uid).unlink()
     metadata.write_files(env.metadata_root, "orphan", {"neurons": {"metadata": {}}})
-    tmp = env.metadata_path(b.uid).with_name(".metadata.json.0123456789.tmp")
+    tmp = env.metadata_root / f".{b.uid}_neurons.json.0123456789.tmp"
     tmp.write_text("{")
     second = env.preparer(device_metadata=True)
     await second.start()
     assert env.metadata_path(a.uid).read_bytes() == content
-    assert not (env.metadata_root / "orphan").exists()
+    assert not env.metadata_path("orphan").exists()
     assert not tmp.exists()
     # A repeated Prepare (the kubelet restarted) puts a missing file back before answering.
     env.metadata_path(b.uid).unlink()
@@ -868,7 +867,7 @@ async def test_entries_with_metadata_stay_whole_with_the_feature_off(env: Env) -
     await off.start()
     assert env.metadata_path(a.uid).exists()
     assert (await off.unprepare([a]))[a.uid].error == ""
-    assert not (env.metadata_root / a.uid).exists()
+    assert not env.metadata_path(a.uid).exists()
 
 
 async def test_reboot_drops_prepared_claims(env: Env) -> None:

@@ -18,14 +18,16 @@ on every Kubernetes minor. What the container sees:
   uid, generation 1), ``podClaimName`` and one ``requests`` entry listing the request's
   devices (driver, pool, name, ``attributes`` in the ResourceSlice format).
 
-How it gets there: the file is written on the host at ``<root>/<claim uid>/<request>/
-metadata.json`` and bind-mounted read-only (``["ro", "bind"]``) by a CDI mount on the
-request's first device. Two deliberate differences from the helper, neither visible inside
-the container: the host directory is keyed by the claim's uid (the helper's
-``<namespace>_<name>`` lets the Unprepare of a deleted claim remove the files of a
-successor of the same name, which a restarted container then cannot mount), and the mount
-rides in the claim's own CDI spec rather than in a second spec per request, so a claim's
-files are written, restored and removed together (:mod:`.claimfiles`).
+How it gets there: the file is written on the host at ``<root>/<claim uid>_<request>.json``
+and bind-mounted read-only (``["ro", "bind"]``) by a CDI mount on the request's first
+device. Differences from the helper, none visible inside the container: the host file is
+named by the claim's uid (the helper's ``<namespace>_<name>/<request>/metadata.json`` lets
+the Unprepare of a deleted claim remove the file of a successor of the same name, which a
+restarted container then cannot mount) and sits directly in the root (no directories to
+make and remove on every Prepare and Unprepare); the mount rides in the claim's own CDI spec
+rather than in a second spec per request, so a claim's files are written, restored and
+removed together (:mod:`.claimfiles`); and the JSON is compact (Python's fast encoder does
+not indent; readers do not care).
 
 Attributes, every name qualified with its domain: the device's ResourceSlice attributes as
 published when the claim is prepared (without ``healthy``, which changes afterwards), plus
@@ -45,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -79,7 +80,7 @@ FILE_SUFFIX: Final = "-metadata.json"
 
 #: Under the plugin's data directory (next to the checkpoint), as the helper keeps it.
 HOST_SUBDIR: Final = "dra-device-metadata"
-HOST_FILE: Final = "metadata.json"
+HOST_SUFFIX: Final = ".json"
 MOUNT_OPTIONS: Final = ("ro", "bind")
 
 #: ``maxProperties`` of a device's attributes in the format.
@@ -125,7 +126,10 @@ def container_path(plan: ClaimPlan, request: str, *, driver: str) -> str:
 
 
 def host_path(root: Path, claim_uid: str, request: str) -> Path:
-    return root / _segment(claim_uid, "claim uid") / _segment(request, "request") / HOST_FILE
+    uid = _segment(claim_uid, "claim uid")
+    if "_" in uid:  # the separator (a uid is a UUID; a request, a DNS label)
+        raise ValueError(f"claim uid {claim_uid!r} cannot name a metadata file")
+    return root / f"{uid}_{_segment(request, 'request')}{HOST_SUFFIX}"
 
 
 def _int(value: int) -> Attribute:
@@ -267,21 +271,28 @@ _FIELD_ORDER: Final = {
 }
 
 
+_COMPACT: Final = (",", ":")
+
+
 def _ordered(value: Any) -> Any:
+    # Scalars first: most values are, and the Mapping check is an ABC's (slow).
+    if isinstance(value, str | int | float) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_ordered(v) for v in value]
     if isinstance(value, Mapping):
         keys = sorted(value, key=lambda k: (_FIELD_ORDER.get(k, len(_FIELD_ORDER)), k))
         return {k: _ordered(value[k]) for k in keys}
-    if isinstance(value, list | tuple):
-        return [_ordered(v) for v in value]
     return value
 
 
 def encode(document: Document) -> bytes:
-    """The file's bytes: the object once per API version, newest first, each followed by a
-    newline, fields in the helper's order whatever the order of ``document`` (one read back
+    """The file's bytes: the object once per API version, newest first, each on a line of
+    its own, fields in the helper's order whatever the order of ``document`` (one read back
     from the checkpoint has its keys sorted), so a rewrite gives the same bytes."""
+    fields = _ordered(document)
     return "".join(
-        json.dumps(_ordered({"kind": KIND, "apiVersion": version, **document}), indent=2) + "\n"
+        json.dumps({"kind": KIND, "apiVersion": version, **fields}, separators=_COMPACT) + "\n"
         for version in API_VERSIONS
     ).encode()
 
@@ -348,29 +359,35 @@ def files_exist(root: Path, claim_uid: str, requests: Iterable[str]) -> bool:
     return all(host_path(root, claim_uid, r).is_file() for r in requests)
 
 
+def _names(root: Path) -> list[str]:
+    try:
+        return os.listdir(root)
+    except FileNotFoundError:
+        return []
+
+
 def remove_files(root: Path, claim_uid: str) -> None:
-    """Remove the claim's files; already gone is fine (Unprepare is retried)."""
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(root / _segment(claim_uid, "claim uid"))
+    """Remove the claim's files, whichever requests they are for (a claim that was never
+    recorded has orphans too); already gone is fine (Unprepare is retried)."""
+    prefix = f"{_segment(claim_uid, 'claim uid')}_"
+    for name in _names(root):
+        if name.startswith(prefix) and name.endswith(HOST_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / name)
 
 
 def list_claims(root: Path) -> set[str]:
-    """Claim uids with a metadata directory under ``root`` (for the start-up sweep)."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return set()
-    return {n for n in names if not n.startswith(".") and (root / n).is_dir()}
+    """Claim uids with a metadata file in ``root`` (for the start-up sweep)."""
+    return {
+        n.partition("_")[0]
+        for n in _names(root)
+        if not n.startswith(".") and "_" in n and n.endswith(HOST_SUFFIX)
+    }
 
 
 def sweep_temp_files(root: Path) -> None:
-    """Delete leftovers of interrupted atomic writes (``.metadata.json.<hex>.tmp``)."""
-    prefix = f".{HOST_FILE}."
-    for uid in list_claims(root):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            for request in os.listdir(root / uid):
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                    for name in os.listdir(root / uid / request):
-                        if name.startswith(prefix) and name.endswith(".tmp"):
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(root / uid / request / name)
+    """Delete leftovers of interrupted atomic writes (``.<file>.<hex>.tmp``)."""
+    for name in _names(root):
+        if name.startswith(".") and name.endswith(".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / name)
