@@ -23,13 +23,21 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.prepare import metadata as md
-from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent, ClaimFiles, build
+from neuron_dra.nodeplugin.prepare.claimfiles import (
+    ClaimContent,
+    ClaimFiles,
+    build,
+    metadata_claims,
+    metadata_files_exist,
+    remove_metadata_files,
+    write_metadata_files,
+)
 from neuron_dra.nodeplugin.slices import build_resource_slices
 
 NODE = "ip-10-0-0-1"
 DRIVER = "neuron.aws.com"
 UID = "5e1f2b9c-0d7a-4c3e-9f1b-2a6d8e4c7b10"
-ROOT = Path("/var/lib/kubelet/plugins/neuron.aws.com/dra-device-metadata")
+ROOT = "/var/lib/kubelet/plugins/neuron.aws.com/dra-device-metadata"
 LEADER = "ip-10-0-9-9.us-west-2.compute.internal"
 US_FULL = UltraServerInfo(
     modes=(UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1),
@@ -287,7 +295,9 @@ def test_container_paths_follow_the_upstream_layout() -> None:
     assert md.container_path(one_request(0, pod_claim_name=None), "r", driver=DRIVER) == (
         f"{base}/resourceclaims/train-0-neurons-x7k2q/r/neuron.aws.com-metadata.json"
     )
-    assert md.host_path(ROOT, UID, "r") == ROOT / f"{UID}_r.json"
+    assert md.host_path(ROOT, UID, "r") == f"{ROOT}/{UID}_r.json"
+    assert md.claim_of_host_file(f"{UID}_r.json") == UID
+    assert md.claim_of_host_file(f".{UID}_r.json.0123456789.tmp") is None
 
 
 @pytest.mark.parametrize("bad", ["", ".", "..", "a/b"])
@@ -421,13 +431,13 @@ def test_build_without_device_metadata_is_the_plain_spec() -> None:
         "env_indices": None,
         "driver": DRIVER,
         "pool": NODE,
-        "metadata_root": ROOT,
+        "metadata_root": Path(ROOT),
     }
     assert build(p, TRN2, published=None, **kw) == ClaimContent(cdi_spec_for(p, TRN2), {})
     content = build(p, TRN2, published=published(TRN2), **kw)
     assert set(content.metadata) == {"neurons"}
-    assert content.spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(
-        ROOT / f"{UID}_neurons.json"
+    assert content.spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == (
+        f"{ROOT}/{UID}_neurons.json"
     )
 
 
@@ -491,18 +501,20 @@ def test_metadata_is_written_before_the_spec(tmp_path: Path) -> None:
 
 def test_list_remove_and_sweep_leftovers(tmp_path: Path) -> None:
     root = tmp_path / "meta"
-    assert md.list_claims(root) == set()
-    md.remove_files(root, UID)  # no directory yet: nothing to do
-    md.write_files(root, UID, {"r": {"metadata": {}}, "s": {"metadata": {}}})
-    md.write_files(root, "other", {"r": {"metadata": {}}})
+    files = ClaimFiles(tmp_path / "cdi", cdi_kind="k8s.neuron.aws.com/claim", metadata_root=root)
+    assert metadata_claims(root) == set()
+    remove_metadata_files(root, UID)  # no directory yet: nothing to do
+    write_metadata_files(root, UID, {"r": {"metadata": {}}, "s": {"metadata": {}}})
+    write_metadata_files(root, "other", {"r": {"metadata": {}}})
     leftover = root / f".{UID}_r.json.0123456789.tmp"
     leftover.write_text("{")
     (root / "stray-file").write_text("")
-    assert md.list_claims(root) == {UID, "other"}
-    md.sweep_temp_files(root)
+    assert metadata_claims(root) == {UID, "other"} == files.present()
+    files.sweep_temp_files()
     assert sorted(os.listdir(root)) == sorted(
         [f"{UID}_r.json", f"{UID}_s.json", "other_r.json", "stray-file"]
     )
-    assert md.files_exist(root, UID, ["r", "s"]) and not md.files_exist(root, UID, ["r", "t"])
-    md.remove_files(root, UID)
+    assert metadata_files_exist(root, UID, ["r", "s"])
+    assert not metadata_files_exist(root, UID, ["r", "t"])
+    remove_metadata_files(root, UID)
     assert sorted(os.listdir(root)) == ["other_r.json", "stray-file"]

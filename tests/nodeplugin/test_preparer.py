@@ -34,7 +34,7 @@ from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareRe
 from neuron_dra.nodeplugin.nodelock import NodeLock, NodeLockTimeout
 from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.nodeplugin.prepare.budget import PrepareLimits
-from neuron_dra.nodeplugin.prepare.claimfiles import ClaimFiles
+from neuron_dra.nodeplugin.prepare.claimfiles import ClaimFiles, write_metadata_files
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.reservations import ReservationError
 from neuron_dra.nodeplugin.slices import build_resource_slices
@@ -841,7 +841,7 @@ async def test_missing_metadata_is_restored_and_orphans_swept(env: Env) -> None:
     # While the plugin is down: a's metadata vanishes; a crash between a metadata write and
     # its spec left files of a claim without entry, and a temp file of an interrupted write.
     env.metadata_path(a.uid).unlink()
-    metadata.write_files(env.metadata_root, "orphan", {"neurons": {"metadata": {}}})
+    write_metadata_files(env.metadata_root, "orphan", {"neurons": {"metadata": {}}})
     tmp = env.metadata_root / f".{b.uid}_neurons.json.0123456789.tmp"
     tmp.write_text("{")
     second = env.preparer(device_metadata=True)

@@ -14,13 +14,16 @@ retry removes (nodestate.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin import checkpoint as ckpt
+from neuron_dra.nodeplugin.atomicfile import replace_file
 from neuron_dra.nodeplugin.cdi import (
     cdi_spec_for,
     list_cdi_specs,
@@ -65,7 +68,7 @@ def build(
     docs = metadata.documents(
         plan, inventory=inventory, topology=topology, published=published, driver=driver, pool=pool
     )
-    spec = metadata.with_mounts(spec, plan, docs, root=metadata_root, driver=driver)
+    spec = metadata.with_mounts(spec, plan, docs, root=str(metadata_root), driver=driver)
     return ClaimContent(spec, docs)
 
 
@@ -81,26 +84,70 @@ class ClaimFiles:
 
     def write(self, entry: ckpt.ClaimEntry) -> None:
         """Write the entry's files: metadata first, the spec that mounts them last."""
-        metadata.write_files(self.metadata_root, entry.uid, entry.metadata)
+        write_metadata_files(self.metadata_root, entry.uid, entry.metadata)
         write_cdi_spec(self.cdi_root, entry.cdi_spec, entry.uid, cdi_kind=self.cdi_kind)
 
     def remove(self, uid: str) -> None:
         """Remove a claim's files, the spec first; already gone is fine."""
         remove_cdi_spec(self.cdi_root, uid, cdi_kind=self.cdi_kind)
-        metadata.remove_files(self.metadata_root, uid)
+        remove_metadata_files(self.metadata_root, uid)
 
     def complete(self, entry: ckpt.ClaimEntry) -> bool:
         """Whether every file of ``entry`` exists (someone may have emptied a directory)."""
         spec = self.cdi_root / spec_file_name(entry.uid, cdi_kind=self.cdi_kind)
-        return spec.exists() and metadata.files_exist(self.metadata_root, entry.uid, entry.metadata)
+        return spec.exists() and metadata_files_exist(self.metadata_root, entry.uid, entry.metadata)
 
     def present(self) -> set[str]:
         """Claim uids with any file here (for the start-up sweep)."""
-        return list_cdi_specs(self.cdi_root, cdi_kind=self.cdi_kind) | metadata.list_claims(
+        return list_cdi_specs(self.cdi_root, cdi_kind=self.cdi_kind) | metadata_claims(
             self.metadata_root
         )
 
     def sweep_temp_files(self) -> None:
         """Delete leftovers of interrupted atomic writes of metadata files (the CDI
         directory's are swept with the checkpoint's, nodestate.py)."""
-        metadata.sweep_temp_files(self.metadata_root)
+        for name in _names(self.metadata_root):
+            if name.startswith(".") and name.endswith(".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.metadata_root / name)
+
+
+# --- metadata files -------------------------------------------------------------------------
+
+
+def write_metadata_files(root: Path, claim_uid: str, docs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write each request's file atomically (0644: containers read it as any user).
+
+    Not fsynced, like the checkpoint: only a power loss or kernel crash loses the page
+    cache, and after that reboot the checkpoint drops the claims and the start-up sweep
+    their files.
+    """
+    for request, doc in sorted(docs.items()):
+        path = Path(metadata.host_path(str(root), claim_uid, request))
+        replace_file(path, metadata.encode(doc), mode=0o644, durable=False)
+
+
+def metadata_files_exist(root: Path, claim_uid: str, requests: Iterable[str]) -> bool:
+    return all(Path(metadata.host_path(str(root), claim_uid, r)).is_file() for r in requests)
+
+
+def _names(root: Path) -> list[str]:
+    try:
+        return os.listdir(root)
+    except FileNotFoundError:
+        return []
+
+
+def remove_metadata_files(root: Path, claim_uid: str) -> None:
+    """Remove the claim's files, whichever requests they are for (a claim that was never
+    recorded has orphans too); already gone is fine (Unprepare is retried)."""
+    prefix = metadata.host_file_prefix(claim_uid)
+    for name in _names(root):
+        if name.startswith(prefix) and metadata.claim_of_host_file(name) is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / name)
+
+
+def metadata_claims(root: Path) -> set[str]:
+    """Claim uids with a metadata file in ``root`` (for the start-up sweep)."""
+    return {uid for n in _names(root) if (uid := metadata.claim_of_host_file(n)) is not None}

@@ -39,21 +39,17 @@ settings belong to the claims that use the devices. The format allows 32 attribu
 device; should the slice's ever leave too little room, the ones of least use to a program
 in the container go first (:data:`_DROP_FIRST`).
 
-Everything above the "files" section is pure.
+Pure: the files are written, checked and removed by :mod:`.claimfiles`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 from neuron_dra.common import constants as c
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.atomicfile import replace_file
 from neuron_dra.nodeplugin.cdi import (
     ENV_GLOBAL_TOPOID,
     ENV_GLOBAL_TOPOID0_HOST,
@@ -125,11 +121,25 @@ def container_path(plan: ClaimPlan, request: str, *, driver: str) -> str:
     return f"{CONTAINER_DIR}/{under}/{_segment(request, 'request')}/{driver}{FILE_SUFFIX}"
 
 
-def host_path(root: Path, claim_uid: str, request: str) -> Path:
+def host_file_prefix(claim_uid: str) -> str:
+    """What the names of a claim's host files start with."""
     uid = _segment(claim_uid, "claim uid")
     if "_" in uid:  # the separator (a uid is a UUID; a request, a DNS label)
         raise ValueError(f"claim uid {claim_uid!r} cannot name a metadata file")
-    return root / f"{uid}_{_segment(request, 'request')}{HOST_SUFFIX}"
+    return f"{uid}_"
+
+
+def host_path(root: str, claim_uid: str, request: str) -> str:
+    """The host file of ``request`` under ``root`` (the files' directory)."""
+    return f"{root}/{host_file_prefix(claim_uid)}{_segment(request, 'request')}{HOST_SUFFIX}"
+
+
+def claim_of_host_file(name: str) -> str | None:
+    """The claim uid a file name in the files' directory belongs to; None for other names
+    (hidden ones: temporary files of atomic writes)."""
+    if name.startswith(".") or not name.endswith(HOST_SUFFIX) or "_" not in name:
+        return None
+    return name.partition("_")[0]
 
 
 def _int(value: int) -> Attribute:
@@ -313,7 +323,7 @@ def decode(raw: str) -> list[dict[str, Any]]:
 
 
 def with_mounts(
-    spec: Mapping[str, Any], plan: ClaimPlan, requests: Iterable[str], *, root: Path, driver: str
+    spec: Mapping[str, Any], plan: ClaimPlan, requests: Iterable[str], *, root: str, driver: str
 ) -> dict[str, Any]:
     """``spec`` (the claim's CDI spec, devices in ``plan.devices`` order) with the read-only
     bind mount of each request's file on the first device of the request: a runtime applies a
@@ -331,7 +341,7 @@ def with_mounts(
     for request in sorted(set(requests)):
         edits = devices[first[request]]["containerEdits"]
         mount = {
-            "hostPath": str(host_path(root, plan.claim_uid, request)),
+            "hostPath": host_path(root, plan.claim_uid, request),
             "containerPath": container_path(plan, request, driver=driver),
             "options": list(MOUNT_OPTIONS),
         }
@@ -339,55 +349,3 @@ def with_mounts(
     out = {**spec, "devices": devices}
     out["cdiVersion"] = minimum_cdi_version(out)
     return out
-
-
-# --- files (edge) ---------------------------------------------------------------------------
-
-
-def write_files(root: Path, claim_uid: str, docs: Mapping[str, Document]) -> None:
-    """Write each request's file atomically (0644: containers read it as any user).
-
-    Not fsynced, like the checkpoint: only a power loss or kernel crash loses the page
-    cache, and after that reboot the checkpoint drops the claims and the start-up sweep
-    their files.
-    """
-    for request, doc in sorted(docs.items()):
-        replace_file(host_path(root, claim_uid, request), encode(doc), mode=0o644, durable=False)
-
-
-def files_exist(root: Path, claim_uid: str, requests: Iterable[str]) -> bool:
-    return all(host_path(root, claim_uid, r).is_file() for r in requests)
-
-
-def _names(root: Path) -> list[str]:
-    try:
-        return os.listdir(root)
-    except FileNotFoundError:
-        return []
-
-
-def remove_files(root: Path, claim_uid: str) -> None:
-    """Remove the claim's files, whichever requests they are for (a claim that was never
-    recorded has orphans too); already gone is fine (Unprepare is retried)."""
-    prefix = f"{_segment(claim_uid, 'claim uid')}_"
-    for name in _names(root):
-        if name.startswith(prefix) and name.endswith(HOST_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(root / name)
-
-
-def list_claims(root: Path) -> set[str]:
-    """Claim uids with a metadata file in ``root`` (for the start-up sweep)."""
-    return {
-        n.partition("_")[0]
-        for n in _names(root)
-        if not n.startswith(".") and "_" in n and n.endswith(HOST_SUFFIX)
-    }
-
-
-def sweep_temp_files(root: Path) -> None:
-    """Delete leftovers of interrupted atomic writes (``.<file>.<hex>.tmp``)."""
-    for name in _names(root):
-        if name.startswith(".") and name.endswith(".tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(root / name)
