@@ -98,7 +98,6 @@ def plan(
     lnc: int | None = None,
     mode: int | None = None,
     admin: bool = False,
-    pod_claim_name: str | None = "neurons",
     workload: str | None = None,
 ) -> ClaimPlan:
     return ClaimPlan(
@@ -111,7 +110,6 @@ def plan(
         ultraserver_mode_nodes=mode,
         workload_id=workload,
         admin_access=admin,
-        pod_claim_name=pod_claim_name,
     )
 
 
@@ -120,8 +118,10 @@ def one_request(*indices: int, request: str = "neurons", **kw: Any) -> ClaimPlan
 
 
 def documents(p: ClaimPlan, inv: NodeInventory, **kw: Any) -> dict[str, dict[str, Any]]:
+    """The plan's documents; by default, for a claim the pod calls ``neurons``."""
     kw.setdefault("topology", None)
     kw.setdefault("published", published(inv))
+    kw.setdefault("pod_claim_name", "neurons")
     return md.documents(p, inventory=inv, driver=DRIVER, pool=NODE, **kw)
 
 
@@ -282,17 +282,22 @@ def test_one_file_per_request_named_by_its_base_request() -> None:
     assert list(devices_of(docs["small"])) == ["neurondevice2"]
 
 
+def test_pod_claim_name_from_the_annotation() -> None:
+    annotated = {"metadata": {"annotations": {"resource.kubernetes.io/pod-claim-name": "acc"}}}
+    assert md.pod_claim_name(annotated) == "acc"
+    assert md.pod_claim_name({"metadata": {"name": "named"}}) is None
+
+
 def test_a_claim_named_in_the_pod_has_no_pod_claim_name() -> None:
-    doc = documents(one_request(0, pod_claim_name=None), TRN2)["neurons"]
+    doc = documents(one_request(0), TRN2, pod_claim_name=None)["neurons"]
     assert "podClaimName" not in doc
 
 
 def test_container_paths_follow_the_upstream_layout() -> None:
     base = "/var/run/kubernetes.io/dra-device-attributes"
-    assert md.container_path(one_request(0), "neurons", driver=DRIVER) == (
-        f"{base}/resourceclaimtemplates/neurons/neurons/neuron.aws.com-metadata.json"
-    )
-    assert md.container_path(one_request(0, pod_claim_name=None), "r", driver=DRIVER) == (
+    path = md.container_path(one_request(0), "neurons", driver=DRIVER, pod_claim_name="neurons")
+    assert path == (f"{base}/resourceclaimtemplates/neurons/neurons/neuron.aws.com-metadata.json")
+    assert md.container_path(one_request(0), "r", driver=DRIVER, pod_claim_name=None) == (
         f"{base}/resourceclaims/train-0-neurons-x7k2q/r/neuron.aws.com-metadata.json"
     )
     assert md.host_path(ROOT, UID, "r") == f"{ROOT}/{UID}_r.json"
@@ -305,7 +310,9 @@ def test_names_that_would_escape_the_directory_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="cannot name a metadata file"):
         md.host_path(ROOT, bad, "r")
     with pytest.raises(ValueError, match="cannot name a metadata file"):
-        md.container_path(one_request(0), bad, driver=DRIVER)
+        md.container_path(one_request(0), bad, driver=DRIVER, pod_claim_name=None)
+    with pytest.raises(ValueError, match="cannot name a metadata file"):
+        md.container_path(one_request(0), "r", driver=DRIVER, pod_claim_name=bad or "a/b")
     with pytest.raises(ValueError, match="cannot name a metadata file"):
         md.host_path(ROOT, "a_b", "r")  # the uid's separator from the request
 
@@ -390,11 +397,10 @@ def test_each_request_is_mounted_on_its_first_device_only() -> None:
         (("a",), "neurondevice1"),
         (("b/x",), "neurondevice2"),
         indices=(0, 1, 2),
-        pod_claim_name=None,
     )
     spec = cdi_spec_for(p, TRN2)
     before = json.dumps(spec, sort_keys=True)
-    mounted = md.with_mounts(spec, p, ["a", "b"], root=ROOT, driver=DRIVER)
+    mounted = md.with_mounts(spec, p, ["a", "b"], root=ROOT, driver=DRIVER, pod_claim_name=None)
     assert json.dumps(spec, sort_keys=True) == before  # the input is left alone
     mounts = [d["containerEdits"].get("mounts") for d in mounted["devices"]]
     base = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train-0-neurons-x7k2q"
@@ -432,6 +438,7 @@ def test_build_without_device_metadata_is_the_plain_spec() -> None:
         "driver": DRIVER,
         "pool": NODE,
         "metadata_root": Path(ROOT),
+        "pod_claim_name": "neurons",
     }
     assert build(p, TRN2, published=None, **kw) == ClaimContent(cdi_spec_for(p, TRN2), {})
     content = build(p, TRN2, published=published(TRN2), **kw)

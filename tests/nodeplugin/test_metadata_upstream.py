@@ -106,9 +106,8 @@ def cases() -> dict[str, dict[str, Any]]:
         (("big/trn2",), "neurondevice1"),
         (("small",), "neurondevice2"),
         indices=(0, 1, 2),
-        pod_claim_name=None,
     )
-    for request, doc in documents(two, TRN2).items():
+    for request, doc in documents(two, TRN2, pod_claim_name=None).items():
         out[f"two-{request}"] = doc
     out["admin"] = documents(one_request(0, 1, admin=True), TRN2)["neurons"]
     node = plan((("n",), "neuronnode"), indices=tuple(range(16)), mode=4, workload="w")

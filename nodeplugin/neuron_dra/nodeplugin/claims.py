@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from neuron_dra.common.constants import (
-    ANNOTATION_POD_CLAIM_NAME,
     ATTR_INSTANCE_TYPE,
     ATTR_ULTRASERVER_MODES,
     ATTR_WORKLOAD_ID,
@@ -105,8 +104,6 @@ class ClaimPlan:
     #: Allocated with ``adminAccess`` (a monitoring pod's claim): the devices stay in use by
     #: the claims that hold them; this claim gets their device nodes and no runtime env.
     admin_access: bool = False
-    #: The pod's name for a claim made from a template: where its device metadata files go.
-    pod_claim_name: str | None = None
 
     @property
     def key(self) -> str:
@@ -380,7 +377,6 @@ def plan_claim_on(
             key, _list(allocation.get("config")), by_device, node_facts, node, driver_name
         )
         workload_id = _check_workload(key, meta, by_device, indices, published)
-    pod_claim_name = _dict(meta.get("annotations")).get(ANNOTATION_POD_CLAIM_NAME)
     return ClaimPlan(
         claim_uid=uid,
         namespace=namespace,
@@ -391,7 +387,6 @@ def plan_claim_on(
         ultraserver_mode_nodes=mode,
         workload_id=workload_id,
         admin_access=admin_access,
-        pod_claim_name=str(pod_claim_name) if pod_claim_name else None,
     )
 
 
@@ -492,7 +487,7 @@ def _for_extended_resource(exc: ClaimError, meta: Mapping[str, Any]) -> ClaimErr
         "(resources.limits aws.amazon.com/neuron), which takes devices in the order it finds "
         "them and cannot ask for a connected set: use a ResourceClaimTemplate with a "
         "matchAttribute constraint on resource.aws.com/devicegroup<N>_id instead "
-        '(docs/configuration.md, "Pods written for the device plugin").',
+        "(docs/configuration.md, \"Pods written for the device plugin\").",
         permanent=exc.permanent,
     )
 

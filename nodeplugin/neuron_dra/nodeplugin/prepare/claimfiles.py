@@ -56,19 +56,29 @@ def build(
     driver: str,
     pool: str,
     metadata_root: Path,
+    pod_claim_name: str | None = None,
 ) -> ClaimContent:
     """The claim's CDI spec (:func:`~neuron_dra.nodeplugin.cdi.cdi_spec_for`) and, when
     ``published`` is given (device metadata on), its metadata documents and the spec's
-    mounts of them. Raises CdiError or ValueError for a plan that cannot be expressed."""
+    mounts of them (``pod_claim_name``: :func:`.metadata.pod_claim_name` of the claim).
+    Raises CdiError or ValueError for a plan that cannot be expressed."""
     spec = cdi_spec_for(
         plan, inventory, cdi_kind=cdi_kind, topology=topology, env_indices=env_indices
     )
     if published is None:
         return ClaimContent(spec, {})
     docs = metadata.documents(
-        plan, inventory=inventory, topology=topology, published=published, driver=driver, pool=pool
+        plan,
+        inventory=inventory,
+        topology=topology,
+        published=published,
+        driver=driver,
+        pool=pool,
+        pod_claim_name=pod_claim_name,
     )
-    spec = metadata.with_mounts(spec, plan, docs, root=str(metadata_root), driver=driver)
+    spec = metadata.with_mounts(
+        spec, plan, docs, root=str(metadata_root), driver=driver, pod_claim_name=pod_claim_name
+    )
     return ClaimContent(spec, docs)
 
 

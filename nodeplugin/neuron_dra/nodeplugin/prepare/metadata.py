@@ -112,10 +112,20 @@ def _segment(value: str, what: str) -> str:
     return value
 
 
-def container_path(plan: ClaimPlan, request: str, *, driver: str) -> str:
+def pod_claim_name(claim: Mapping[str, Any]) -> str | None:
+    """The name the pod gives a claim made from a template (the annotation Kubernetes'
+    resourceclaim controller sets on it), None for a claim the pod names itself."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    name = annotations.get(c.ANNOTATION_POD_CLAIM_NAME)
+    return str(name) if name else None
+
+
+def container_path(
+    plan: ClaimPlan, request: str, *, driver: str, pod_claim_name: str | None
+) -> str:
     """Where the container finds the file of ``request`` (a base request name)."""
-    if plan.pod_claim_name:
-        under = f"{TEMPLATES_SUBDIR}/{_segment(plan.pod_claim_name, 'pod claim name')}"
+    if pod_claim_name:
+        under = f"{TEMPLATES_SUBDIR}/{_segment(pod_claim_name, 'pod claim name')}"
     else:
         under = f"{CLAIMS_SUBDIR}/{_segment(plan.name, 'claim name')}"
     return f"{CONTAINER_DIR}/{under}/{_segment(request, 'request')}/{driver}{FILE_SUFFIX}"
@@ -238,6 +248,7 @@ def documents(
     published: Mapping[str, Mapping[str, Any]],
     driver: str,
     pool: str,
+    pod_claim_name: str | None,
 ) -> dict[str, dict[str, Any]]:
     """Per base request of the claim: its ``DeviceMetadata`` object, without ``apiVersion``
     and ``kind`` (:func:`encode` adds them per version). ``published``: this node's devices
@@ -260,8 +271,8 @@ def documents(
     out: dict[str, dict[str, Any]] = {}
     for base, (name, devices) in requests.items():
         doc: dict[str, Any] = {"metadata": {**meta, "generation": 1}}
-        if plan.pod_claim_name:
-            doc["podClaimName"] = plan.pod_claim_name
+        if pod_claim_name:
+            doc["podClaimName"] = pod_claim_name
         doc["requests"] = [{"name": name, "devices": devices}]
         out[base] = doc
     return out
@@ -323,7 +334,13 @@ def decode(raw: str) -> list[dict[str, Any]]:
 
 
 def with_mounts(
-    spec: Mapping[str, Any], plan: ClaimPlan, requests: Iterable[str], *, root: str, driver: str
+    spec: Mapping[str, Any],
+    plan: ClaimPlan,
+    requests: Iterable[str],
+    *,
+    root: str,
+    driver: str,
+    pod_claim_name: str | None,
 ) -> dict[str, Any]:
     """``spec`` (the claim's CDI spec, devices in ``plan.devices`` order) with the read-only
     bind mount of each request's file on the first device of the request: a runtime applies a
@@ -342,7 +359,9 @@ def with_mounts(
         edits = devices[first[request]]["containerEdits"]
         mount = {
             "hostPath": host_path(root, plan.claim_uid, request),
-            "containerPath": container_path(plan, request, driver=driver),
+            "containerPath": container_path(
+                plan, request, driver=driver, pod_claim_name=pod_claim_name
+            ),
             "options": list(MOUNT_OPTIONS),
         }
         edits["mounts"] = [*(edits.get("mounts") or []), mount]

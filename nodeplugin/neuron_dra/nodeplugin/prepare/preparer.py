@@ -107,6 +107,8 @@ class _Planned:
     plan: ClaimPlan
     #: The pods the claim is reserved for: (name, uid).
     consumers: tuple[tuple[str, str], ...]
+    #: Where its device metadata files go in the container (:func:`.metadata.pod_claim_name`).
+    pod_claim_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,7 @@ class Preparer:
                 node_name=self._node,
                 driver_name=self._driver,
             )
-            return _Planned(plan, containers.consumer_pods(claim))
+            return _Planned(plan, containers.consumer_pods(claim), metadata.pod_claim_name(claim))
         except Exception as exc:
             return _Outcome(exc, self._clock.now())
 
@@ -365,7 +367,7 @@ class Preparer:
                             permanent=True,
                             event=True,
                         )
-                    content = self._content(item.plan, indices, peers[item.plan.claim_uid])
+                    content = self._content(item, indices, peers[item.plan.claim_uid])
                 except PrepareFailure as exc:
                     outcomes[ref.uid] = _Outcome(exc, self._clock.now())
                     continue
@@ -412,9 +414,10 @@ class Preparer:
             raise ValueError(str(exc)) from None
 
     def _content(
-        self, plan: ClaimPlan, env_indices: Sequence[int], topology: UltraServerPeers | None
+        self, item: _Planned, env_indices: Sequence[int], topology: UltraServerPeers | None
     ) -> ClaimContent:
         """The claim's CDI spec and, with device metadata on, its metadata documents."""
+        plan = item.plan
         try:
             return build(
                 plan,
@@ -426,6 +429,7 @@ class Preparer:
                 driver=self._driver,
                 pool=self._node,
                 metadata_root=self._metadata_root,
+                pod_claim_name=item.pod_claim_name,
             )
         except (CdiError, ValueError) as exc:
             # plan_claim should have refused whatever cannot be expressed; say so plainly.
