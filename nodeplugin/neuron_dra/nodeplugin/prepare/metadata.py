@@ -36,8 +36,9 @@ UltraServer mode and ids, the rank and the rank-0 host. Those come from the func
 makes the ``NEURON_*`` variables (:func:`~neuron_dra.nodeplugin.cdi.claim_env`), so file
 and environment agree. An admin-access claim gets the slice attributes only: the runtime
 settings belong to the claims that use the devices. The format allows 32 attributes per
-device; should the slice's ever leave too little room, the ones of least use to a program
-in the container go first (:data:`_DROP_FIRST`).
+device; where the slice's leave too little room (the fullest device, a trn2u in a workload
+with every optional attribute, would have 34), the ones of least use to a program in the
+container go first (:data:`_DROP_FIRST`).
 
 Pure: the files are written, checked and removed by :mod:`.claimfiles`.
 """
