@@ -57,6 +57,7 @@ VALUE_SETS: dict[str, tuple[Overrides, Release]] = {
         Overrides.of(
             "kubeletPlugin.emulation.enabled=true",
             "kubeletPlugin.emulation.instanceType=trn2u.48xlarge",
+            "kubeletPlugin.coreSharing.enabled=true",
             values={"kubeletPlugin.nodeSelector": {"neuron-dra/emulate": "true"}},
         ),
         Release(),
@@ -448,7 +449,12 @@ def test_plugin_args_and_env_are_what_the_plugin_reads(
     assert config.emulation_mode == "trn2u.48xlarge"
     assert config.http_port == 8081
     assert config.device_taint_effect == "NoSchedule"
+    assert config.core_sharing is True
     assert args.verbosity == 2 and args.logging_format == "text"
+    default = container(one(rendered["default"], "DaemonSet"))
+    assert not plugin_main.config_from_args(
+        plugin_main.build_parser().parse_args([*default["args"], "--node-name", "n"])
+    ).core_sharing, "core sharing is opt-in"
 
 
 # --- the controller --------------------------------------------------------------------------
@@ -904,6 +910,7 @@ def test_notes(helm: Helm, tmp_path: Path) -> None:
     assert "<no value>" not in notes
     emulated = _notes(helm, tmp_path, VALUE_SETS["emulation"][0])
     assert "EMULATION MODE" in emulated and "trn2u.48xlarge" in emulated
+    assert "CORE SHARING" in emulated and "CORE SHARING" not in notes
     without = _notes(helm, tmp_path, Overrides.of("controller.enabled=false"))
     assert "controller is disabled" in without
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.coresharing import ShareRequest
 from neuron_dra.nodeplugin.prepare import containers as c
 
 
@@ -124,6 +126,20 @@ def test_a_claim_prepared_earlier_must_already_carry_the_pairs_environment() -> 
     assert isinstance(got["uid-x"], str) and "NEURON_RT_VISIBLE_CORES" in got["uid-x"]
     pair = entry(Y, {"NEURON_RT_VISIBLE_CORES": "2-5"})  # prepared for this very pair
     assert c.env_indices([X], [pair], [p], env_of) == {"uid-x": (1, 2)}
+
+
+def test_a_core_share_gets_no_other_claim_in_its_container() -> None:
+    """Its cores are some of one device's: no other claim's cores continue them in one range,
+    whether the share is being prepared or was prepared earlier."""
+    share = dataclasses.replace(plan("x", {"r": [1]}), share=ShareRequest(1, 1, 2, "s"))
+    both = pod(("main", [("x", None), ("y", None)]))
+    got = c.env_indices([share, Y], [], [both], env_of)
+    assert all(isinstance(v, str) and "core share" in v for v in got.values()), got
+    shared_entry = dataclasses.replace(entry(X, {}), share=ckpt.CoreShare(1, 0, 1, 2))
+    got = c.env_indices([Y], [shared_entry], [both], env_of)
+    assert isinstance(got["uid-y"], str) and "core share" in got["uid-y"]
+    # Alone in its container, a share is fine.
+    assert c.env_indices([share], [], [pod(("main", [("x", None)]))], env_of) == {"uid-x": (1,)}
 
 
 def test_init_containers_and_template_claims_count() -> None:

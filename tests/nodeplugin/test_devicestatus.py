@@ -79,6 +79,21 @@ def test_a_claim_without_environment_reports_the_device_only() -> None:
     assert status["device"] == "neuronnode" and status["data"] == {}
 
 
+def test_a_shared_device_is_named_with_its_share_id() -> None:
+    """Core sharing: the allocation's key has the shareID, and the API server accepts an
+    entry only for an allocated (driver, pool, device, shareID)."""
+    e = entry("u3", "core", ("neurondevice3",), {"NEURON_RT_VISIBLE_CORES": "13"})
+    share = "5f0c7a9e-2b1d-4c3e-8f4a-0d6b9e1c2a37"
+    device = e.devices[0]
+    shared = ckpt.ClaimEntry(**{**e.__dict__, "devices": (ckpt.DeviceRecord(
+        device.request_names, device.pool_name, device.device_name, device.cdi_device_ids, share
+    ),)})  # fmt: skip
+    (status,) = device_statuses(shared)
+    assert status["shareID"] == share and status["data"]["visibleCores"] == "13"
+    (plain,) = device_statuses(e)
+    assert "shareID" not in plain
+
+
 def claim(name: str, devices: tuple[str, ...]) -> dict[str, Any]:
     results = [
         {"request": "d", "driver": "neuron.aws.com", "pool": NODE, "device": d} for d in devices

@@ -89,6 +89,8 @@ class FakeBackend:
     fail_with: Exception | None = None
     #: If set, calls wait for it (to hold a call in flight or exceed the budget).
     release: asyncio.Event | None = None
+    #: The shareID every prepared device carries (a shared device), if any.
+    share_id: str | None = None
     calls: list[tuple[str, list[ClaimRef]]] = field(default_factory=list)
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -120,7 +122,8 @@ class FakeBackend:
                 out[uid] = PrepareResult()
             else:
                 c = by_uid.get(uid, ClaimRef("x", uid, "x"))
-                out[uid] = PrepareResult(devices=(device_for(c),))
+                device = dataclasses.replace(device_for(c), share_id=self.share_id)
+                out[uid] = PrepareResult(devices=(device,))
         return out
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
@@ -269,6 +272,18 @@ async def test_prepare_and_unprepare_round_trip(
         "uid-b": "",
     }
     assert backend.calls[1] == ("unprepare", [ref(A), ref(B)])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_share_id_goes_to_the_kubelet_over_v1_only(
+    server: PluginServer, backend: FakeBackend, version: str
+) -> None:
+    """A device several claims share is named with the allocation's shareID (field 5 of
+    v1's Device, 1.35+); v1beta1 has no such field, so nothing is sent there."""
+    backend.share_id = "5f0c7a9e-2b1d-4c3e-8f4a-0d6b9e1c2a37"
+    got = await wire.WireKubelet().prepare(server.dra_socket, version, [A])
+    (device,) = got["uid-a"].devices
+    assert device.share_id == (backend.share_id if version == "v1" else None)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -683,6 +698,10 @@ async def test_kubelet_client_flow(dirs: Dirs, backend: FakeBackend) -> None:
                 "uid-b": PrepareResult(error="no such device"),
             }
             assert await plugin.unprepare([ref(A)]) == {"uid-a": UnprepareResult()}
+            backend.share_id = "5f0c7a9e-2b1d-4c3e-8f4a-0d6b9e1c2a37"
+            ((device,),) = [r.devices for r in (await plugin.prepare([ref(A)])).values()]
+            assert device.share_id == backend.share_id  # our client reads it (v1)
+            backend.share_id = None
 
             with pytest.raises(PluginCallError) as err:
                 await plugin.prepare([ClaimRef("ns", "", "x")])

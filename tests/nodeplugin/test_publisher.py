@@ -651,6 +651,37 @@ async def test_a_failing_device_is_tainted_and_untainted_when_it_recovers(env: E
     assert env.writes() == {"create": 1, "update": 2, "delete": 0}
 
 
+async def test_core_sharing_is_published_where_the_server_keeps_it(env: Env) -> None:
+    env.server.core.consumable_capacity = True  # DRAConsumableCapacity on (1.36+)
+    pub = env.publisher(core_sharing=True)
+    pub.start()
+    await wait(pub, pub.is_published)
+    await sync_again(pub)
+    dev = devices(env.slices())["neurondevice0"]
+    assert dev["allowMultipleAllocations"] is True
+    assert dev["capacity"]["logicalCores"]["requestPolicy"]["default"] == "4"
+    assert pub.core_sharing and env.writes() == {"create": 1, "update": 0, "delete": 0}
+
+
+async def test_a_server_that_drops_core_sharing_gets_exclusive_devices_without_a_loop(
+    env: Env,
+) -> None:
+    """1.34 and 1.35 by default (DRAConsumableCapacity off): the API server drops
+    allowMultipleAllocations and the request policies. The publisher notices on the write's
+    response and from then on sends the slice as the server keeps it."""
+    assert not env.server.core.consumable_capacity
+    pub = env.publisher(core_sharing=True)
+    pub.start()
+    await wait(pub, pub.is_published)
+    await sync_again(pub)
+    await sync_again(pub)
+    dev = devices(env.slices())["neurondevice0"]
+    assert "allowMultipleAllocations" not in dev
+    assert dev["capacity"]["logicalCores"] == {"value": "4"}
+    assert not pub.core_sharing
+    assert env.writes() == {"create": 1, "update": 0, "delete": 0}
+
+
 async def test_a_server_that_drops_taints_gets_the_healthy_attribute_without_a_loop(
     env: Env,
 ) -> None:

@@ -112,6 +112,9 @@ RESOURCE_TYPE_NODE: Final = "neuron_node"
 
 CAPACITY_MEMORY: Final = "memory"
 CAPACITY_CORES: Final = "cores"
+#: Logical NeuronCores at the node's default LNC: published (with core sharing on) for claims
+#: that ask for some cores of a device (``capacity.requests``) rather than the whole device.
+CAPACITY_LOGICAL_CORES: Final = "logicalCores"
 
 # --- Node labels ----------------------------------------------------------------------------
 

@@ -17,8 +17,10 @@ On disk (``<plugins dir>/<driver>/checkpoint.json``; one line of compact JSON, i
             "namespace": "...", "name": "...",
             "devices": [{"requestNames": ["req"], "poolName": "<node>",
                          "deviceName": "neurondevice3",
-                         "cdiDeviceIds": ["k8s.neuron.aws.com/claim=<uid>-neurondevice3"]}],
+                         "cdiDeviceIds": ["k8s.neuron.aws.com/claim=<uid>-neurondevice3"],
+                         "shareId": "<the allocation's shareID, where it has one>"}],
             "deviceIndices": [3],
+            "coreShare": {"device": 3, "first": 2, "count": 1, "deviceCores": 4},
             "cdiSpec": {... the CDI spec as written, so it can be rewritten verbatim ...},
             "metadata": {"<request>": {... its device metadata document ...}},
             "preparedAt": "2026-01-01T00:00:00Z"
@@ -43,6 +45,9 @@ kubernetes-sigs/dra-driver-nvidia-gpu#1080 and #951):
   loss or kernel crash loses the page cache, and that is a reboot, after which the boot id
   drops every entry anyway (and a torn file fails its checksum). The two fsyncs were the
   largest fixed cost of a Prepare (1-1.6 ms on the node's disk) and bought nothing.
+* Fields added later are optional (``shareId``, ``coreShare``): a file written before them
+  loads unchanged, and an older plugin reading a newer file ignores them (it then takes a
+  share for the whole device: more cautious, never less).
 * Several plugin instances may share the file during a rolling update; they take turns under
   the node lock (:mod:`.nodelock`) and re-read the file whenever its bytes differ from the
   version they last read or wrote (:func:`read_raw`, :func:`load_raw`).
@@ -89,6 +94,34 @@ class DeviceRecord:
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]
+    #: The allocation's ``shareID`` (devices that allow several allocations); None without.
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CoreShare:
+    """The logical cores ``first`` .. ``first + count - 1`` (local ids, at the node's default
+    LNC, of the ``device_cores`` the device has) that a claim holds of device ``device``,
+    which other claims share (core sharing)."""
+
+    device: int
+    first: int
+    count: int
+    device_cores: int
+
+    def overlaps(self, other: CoreShare) -> bool:
+        return (
+            self.device == other.device
+            and self.first < other.first + other.count
+            and other.first < self.first + self.count
+        )
+
+    @property
+    def global_range(self) -> tuple[int, int]:
+        """First and last global logical core ids (device index x cores per device + local
+        id: how ``NEURON_RT_VISIBLE_CORES`` counts)."""
+        first = self.device * self.device_cores + self.first
+        return first, first + self.count - 1
 
 
 @dataclass(frozen=True)
@@ -106,6 +139,9 @@ class ClaimEntry:
     #: Per base request: the device metadata document its CDI spec mounts (rewritten like the
     #: spec); empty without device metadata. Omitted from the file when empty.
     metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
+    #: The cores it holds of a device it shares with other claims (then ``device_indices`` is
+    #: that one device); None: it holds its devices whole.
+    share: CoreShare | None = None
 
     @property
     def key(self) -> str:
@@ -135,18 +171,22 @@ class Checkpoint:
 
 
 def find_conflict(
-    checkpoint: Checkpoint, uid: str, indices: Iterable[int]
+    checkpoint: Checkpoint, uid: str, indices: Iterable[int], share: CoreShare | None = None
 ) -> tuple[int, ClaimEntry] | None:
     """The first of ``indices`` already held by a claim other than ``uid`` (and that claim).
 
-    A Neuron device can serve one claim at a time; ``neuronnode`` entries list every index,
-    so a whole-node claim and a single-device claim collide here too.
+    A Neuron device can serve one claim at a time, or several claims that each hold cores of
+    their own (``share``; core sharing); ``neuronnode`` entries list every index, so a
+    whole-node claim and a single-device claim collide here too.
     """
     wanted = sorted(set(indices))
     for index in wanted:
         for entry in checkpoint.claims.values():
-            if entry.uid != uid and index in entry.device_indices:
-                return index, entry
+            if entry.uid == uid or index not in entry.device_indices:
+                continue
+            if share is not None and entry.share is not None and not share.overlaps(entry.share):
+                continue
+            return index, entry
     return None
 
 
@@ -172,7 +212,7 @@ def checksum(data: Mapping[str, Any]) -> str:
 
 
 def _entry_to_json(entry: ClaimEntry) -> dict[str, Any]:
-    out = {
+    out: dict[str, Any] = {
         "namespace": entry.namespace,
         "name": entry.name,
         "devices": [
@@ -181,6 +221,7 @@ def _entry_to_json(entry: ClaimEntry) -> dict[str, Any]:
                 "poolName": d.pool_name,
                 "deviceName": d.device_name,
                 "cdiDeviceIds": list(d.cdi_device_ids),
+                **({"shareId": d.share_id} if d.share_id else {}),
             }
             for d in entry.devices
         ],
@@ -190,6 +231,13 @@ def _entry_to_json(entry: ClaimEntry) -> dict[str, Any]:
     }
     if entry.metadata:
         out["metadata"] = _plain(entry.metadata)
+    if entry.share is not None:
+        out["coreShare"] = {
+            "device": entry.share.device,
+            "first": entry.share.first,
+            "count": entry.share.count,
+            "deviceCores": entry.share.device_cores,
+        }
     return out
 
 
@@ -259,6 +307,7 @@ def _entry_from_json(uid: str, raw: Any) -> ClaimEntry:
                 pool_name=_str(d, "poolName", dwhere),
                 device_name=_str(d, "deviceName", dwhere),
                 cdi_device_ids=_strs(d, "cdiDeviceIds", dwhere),
+                share_id=_optional_str(d, "shareId", dwhere),
             )
         )
     indices = _list(raw, "deviceIndices", where)
@@ -280,7 +329,27 @@ def _entry_from_json(uid: str, raw: Any) -> ClaimEntry:
         cdi_spec=spec,
         prepared_at=_str(raw, "preparedAt", where),
         metadata=metadata,
+        share=_core_share(raw.get("coreShare"), f"{where}.coreShare"),
     )
+
+
+def _optional_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
+    return None if obj.get(key) is None else _str(obj, key, where)
+
+
+def _core_share(raw: Any, where: str) -> CoreShare | None:
+    if raw is None:
+        return None  # a whole-device holder, or a file written before core sharing
+    keys = ("device", "first", "count", "deviceCores")
+    if not isinstance(raw, dict) or not all(
+        isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool) and raw[k] >= 0
+        for k in keys
+    ):
+        raise CheckpointCorrupt(f"{where}: expected non-negative integers {', '.join(keys)}")
+    share = CoreShare(*(int(raw[k]) for k in keys))
+    if share.count < 1 or share.first + share.count > share.device_cores:
+        raise CheckpointCorrupt(f"{where}: cores outside the device")
+    return share
 
 
 def decode(raw: bytes) -> Checkpoint:

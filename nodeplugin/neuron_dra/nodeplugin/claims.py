@@ -42,7 +42,12 @@ from neuron_dra.common.profiles import (
     connected_set_error,
     is_connected_set,
 )
+from neuron_dra.nodeplugin.coresharing import ShareError, ShareRequest, read_shares
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.extendedresource import (
+    EXTENDED_RESOURCE_ADVICE,
+    made_for_extended_resource,
+)
 from neuron_dra.nodeplugin.slices import (
     InventoryError,
     inventory_profile,
@@ -104,6 +109,10 @@ class ClaimPlan:
     #: Allocated with ``adminAccess`` (a monitoring pod's claim): the devices stay in use by
     #: the claims that hold them; this claim gets their device nodes and no runtime env.
     admin_access: bool = False
+    #: (device name, shareID) of the results that have one: the kubelet's answer names them.
+    share_ids: tuple[tuple[str, str], ...] = ()
+    #: The cores it holds of one device it shares with other claims (core sharing).
+    share: ShareRequest | None = None
 
     @property
     def key(self) -> str:
@@ -333,10 +342,9 @@ def plan_claim_on(
 
     by_device: dict[str, list[str]] = {}
     admin = set()
-    for result in _list(allocation.get("results")):
-        result = _dict(result)
-        if result.get("driver") != driver_name:
-            continue  # another driver's devices in the same claim
+    results = [_dict(r) for r in _list(allocation.get("results"))]
+    ours = [r for r in results if r.get("driver") == driver_name]  # not another driver's
+    for result in ours:
         admin.add(bool(result.get("adminAccess")))
         pool, device, request = (str(result.get(k) or "") for k in ("pool", "device", "request"))
         if pool != node:
@@ -377,6 +385,12 @@ def plan_claim_on(
             key, _list(allocation.get("config")), by_device, node_facts, node, driver_name
         )
         workload_id = _check_workload(key, meta, by_device, indices, published)
+    try:
+        share_ids, share = read_shares(
+            ours, published, _device_index, profile=profile, lnc=lnc, admin=admin_access
+        )
+    except ShareError as exc:
+        raise ClaimError(f"claim {key}: {exc}") from None
     return ClaimPlan(
         claim_uid=uid,
         namespace=namespace,
@@ -387,6 +401,8 @@ def plan_claim_on(
         ultraserver_mode_nodes=mode,
         workload_id=workload_id,
         admin_access=admin_access,
+        share_ids=share_ids,
+        share=share,
     )
 
 
@@ -473,23 +489,12 @@ def _device_indices(
     return tuple(sorted(indices))
 
 
-#: The scheduler's annotation on the claim it makes for a pod's extended resources (KEP-5004).
-EXTENDED_RESOURCE_CLAIM_ANNOTATION: Final = "resource.kubernetes.io/extended-resource-claim"
-
-
 def _for_extended_resource(exc: ClaimError, meta: Mapping[str, Any]) -> ClaimError:
-    """``exc`` with what a pod asking ``aws.amazon.com/neuron: N`` can do: its claim has no
-    request to constrain, and the scheduler takes devices in the order it finds them."""
-    if _dict(meta.get("annotations")).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
+    """``exc`` with what a pod asking ``aws.amazon.com/neuron: N`` can do, for the claim the
+    scheduler made for it (:mod:`.extendedresource`)."""
+    if not made_for_extended_resource(meta):
         return exc
-    return ClaimError(
-        f"{exc.message} This claim was made by the scheduler for the pod's extended resource "
-        "(resources.limits aws.amazon.com/neuron), which takes devices in the order it finds "
-        "them and cannot ask for a connected set: use a ResourceClaimTemplate with a "
-        "matchAttribute constraint on resource.aws.com/devicegroup<N>_id instead "
-        "(docs/configuration.md, \"Pods written for the device plugin\").",
-        permanent=exc.permanent,
-    )
+    return ClaimError(f"{exc.message} {EXTENDED_RESOURCE_ADVICE}", permanent=exc.permanent)
 
 
 def _check_connected(

@@ -106,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="true or false: write each prepared claim's device metadata file (KEP-5304) and "
         "mount it into the claim's containers (env DEVICE_METADATA; default true)",
     )
+    p.add_argument(
+        "--core-sharing",
+        default=_env("CORE_SHARING", "false"),
+        help="true or false: publish the devices for claims on some of their NeuronCores "
+        "(capacity requests logicalCores; needs DRAConsumableCapacity, on by default from "
+        "Kubernetes 1.36), so that several pods share one device, each on cores of its own "
+        "(env CORE_SHARING; default false)",
+    )
     add_logging_flags(p)
     return p
 
@@ -126,6 +134,9 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     device_metadata = str(args.device_metadata).strip().lower()
     if device_metadata not in ("true", "false"):
         raise SystemExit("neuron-dra-kubelet-plugin: --device-metadata must be true or false")
+    core_sharing = str(args.core_sharing).strip().lower()
+    if core_sharing not in ("true", "false"):
+        raise SystemExit("neuron-dra-kubelet-plugin: --core-sharing must be true or false")
     return PluginConfig(
         node_name=args.node_name,
         pod_uid=args.pod_uid or None,
@@ -148,6 +159,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
             None if args.device_taint_effect == TAINT_EFFECTS_OFF else args.device_taint_effect
         ),
         device_metadata=device_metadata == "true",
+        core_sharing=core_sharing == "true",
     )
 
 

@@ -114,6 +114,9 @@ class PluginConfig:
     #: Effect of the taints on devices found unhealthy (NoSchedule, or NoExecute to evict
     #: their pods too); None publishes no taints (the ``healthy`` attribute stays either way).
     device_taint_effect: str | None = TAINT_EFFECT_NO_SCHEDULE
+    #: Publish the devices for claims on some of their cores (consumable capacity; opt-in,
+    #: since every allocation of such a device then carries a shareID): coresharing.py.
+    core_sharing: bool = False
     driver_name: str = DRIVER_NAME
     #: Where the controller keeps the NeuronUltraServers (its release namespace).
     namespace: str = DRIVER_NAMESPACE
@@ -165,6 +168,7 @@ class KubeletPlugin:
             driver_name=config.driver_name,
             metrics=publisher_metrics,
             taint_effect=config.device_taint_effect,
+            core_sharing=config.core_sharing,
         )
         self.labeller = NodeLabeller(
             kube,

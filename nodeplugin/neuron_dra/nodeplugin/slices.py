@@ -63,6 +63,7 @@ from neuron_dra.common.profiles import (
     profile_for,
 )
 from neuron_dra.common.quantity import parse_quantity
+from neuron_dra.nodeplugin.coresharing import sharable
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
 from neuron_dra.nodeplugin.publish.taints import (
     comparable_taints,
@@ -273,6 +274,7 @@ def _device_entry(
     lnc: int,
     workload_id: str | None,
     taint_effect: str | None,
+    core_sharing: bool = False,
 ) -> dict[str, Any]:
     cores = device_core_count(device, profile)
     attrs: dict[str, dict[str, Any]] = {
@@ -308,6 +310,8 @@ def _device_entry(
     if profile.device_memory_bytes:
         capacity[CAPACITY_MEMORY] = {"value": _quantity(profile.device_memory_bytes)}
     entry = {"name": device_name(device.index), "attributes": attrs, "capacity": capacity}
+    if core_sharing:  # several claims on its cores (coresharing.py)
+        entry = sharable(entry, cores // lnc)
     return _with_taints(entry, device_taints(device, taint_effect))
 
 
@@ -421,12 +425,14 @@ def build_resource_slices(
     workload_ids: Mapping[int | str, str] | None = None,
     generation: int,
     taint_effect: str | None = None,
+    core_sharing: bool = False,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (resource.k8s.io/v1) publishing this node's devices.
 
     ``workload_ids`` maps a device index, or ``"node"`` for the whole node, to the workload it
     is reserved for; a device-specific entry wins over ``"node"``. ``taint_effect`` is the
     effect of the taints on unhealthy devices (:mod:`.publish.taints`); None publishes none.
+    ``core_sharing`` publishes the devices for claims on some of their cores (:mod:`.coresharing`).
     """
     if not node_uid:
         raise SliceBuildError(f"node {node_name}: uid required for the owner reference")
@@ -457,6 +463,7 @@ def build_resource_slices(
                     lnc=lnc,
                     workload_id=workload_ids.get(dev.index, node_tag),
                     taint_effect=taint_effect,
+                    core_sharing=core_sharing,
                 )
             )
         if ultraserver_node_counts(inventory, profile):

@@ -6,8 +6,9 @@ information, so every call into them is untyped. This module keeps those calls (
 the dataclasses of ``model.py`` and the wire messages, for both the servers and the
 (simulated) kubelet client.
 
-v1 and v1beta1 DRA messages are identical apart from v1's ``Device.share_id``, which we
-never set, so one ``DraCodec`` parameterised by the generated modules serves both.
+v1 and v1beta1 DRA messages are identical apart from v1's ``Device.share_id`` (the shareID of
+a device several claims share), so one ``DraCodec`` parameterised by the generated modules
+serves both, setting and reading that field where the version has it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class DraCodec:
     _pb2_grpc: ModuleType
 
     @property
+    def has_share_id(self) -> bool:
+        """Whether this version's ``Device`` carries ``share_id`` (v1, not v1beta1)."""
+        return "share_id" in self._pb2.Device.DESCRIPTOR.fields_by_name
+
+    @property
     def service_name(self) -> str:
         """Full gRPC service name, the first part of the method path the kubelet dials."""
         name: str = self._pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
@@ -92,12 +98,14 @@ class DraCodec:
                 entry.error = result.error
                 continue
             for dev in result.devices:
-                entry.devices.add(
+                added = entry.devices.add(
                     request_names=list(dev.request_names),
                     pool_name=dev.pool_name,
                     device_name=dev.device_name,
                     cdi_device_ids=list(dev.cdi_device_ids),
                 )
+                if dev.share_id is not None and self.has_share_id:
+                    added.share_id = dev.share_id
         return resp
 
     def unprepare_response(self, results: Mapping[str, UnprepareResult]) -> Message:
@@ -120,9 +128,9 @@ class DraCodec:
             claims=[claim_cls(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
         )
 
-    @staticmethod
-    def _prepare_results(resp: Message) -> dict[str, PrepareResult]:
+    def _prepare_results(self, resp: Message) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
+        shares = self.has_share_id
         for uid, entry in resp.claims.items():
             devices = tuple(
                 PreparedDevice(
@@ -130,6 +138,7 @@ class DraCodec:
                     pool_name=d.pool_name,
                     device_name=d.device_name,
                     cdi_device_ids=tuple(d.cdi_device_ids),
+                    share_id=str(d.share_id) if shares and d.HasField("share_id") else None,
                 )
                 for d in entry.devices
             )

@@ -93,6 +93,9 @@ class PreparedDevice:
     device_name: str
     #: Fully qualified ``vendor/class=name`` CDI device ids.
     cdi_device_ids: tuple[str, ...]
+    #: The allocation's ``shareID`` (a device several claims may share); sent over v1 only,
+    #: the one version with the field (1.35+ kubelets read it).
+    share_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ whole set of Neuron devices of every container that gets any of the claim's devi
 - a container naming one request of a two-request claim must see that request's cores only;
 - two containers that get different device sets through one claim cannot both be right, nor
   can a set whose cores are not one contiguous range, nor claims whose settings (LNC,
-  UltraServer mode, ranks) differ: those are refused at Prepare with what to change.
+  UltraServer mode, ranks) differ, nor a core share beside another claim (its cores are
+  some of one device's): those are refused at Prepare with what to change.
 
 :func:`env_scopes` answers, for each claim being prepared, the device set its environment
 must describe (its :class:`EnvScope`) or why none can be right (a :class:`ScopeConflict`).
@@ -165,6 +166,18 @@ def contiguity_problem(scope: EnvScope, by_uid: Mapping[str, NeuronClaim]) -> st
     )
 
 
+def share_not_alone(scope: EnvScope, by_uid: Mapping[str, NeuronClaim]) -> str:
+    """Why a container cannot have a core share beside other Neuron claims: the share's cores
+    are some of one device's, which no other claim's cores continue in one range."""
+    return (
+        f"container {', '.join(scope.containers)} gets Neuron devices from "
+        f"{_claims(scope.claims, by_uid)}, one of which holds some cores of a shared device: "
+        "a container with a core share gets no other Neuron claim (NEURON_RT_VISIBLE_CORES "
+        "is one range). Ask for the cores in one claim, or give the claims to different "
+        "containers"
+    )
+
+
 def env_difference(
     scope: EnvScope, envs: Mapping[str, Mapping[str, str]], by_uid: Mapping[str, NeuronClaim]
 ) -> str | None:
@@ -265,6 +278,7 @@ def env_indices(
     scopes = env_scopes(pods, claims, [p.claim_uid for p in plans])
     planned = {p.claim_uid: p for p in plans}
     recorded = {e.uid: recorded_env(e) for e in entries}
+    shares = {p.claim_uid for p in plans if p.share} | {e.uid for e in entries if e.share}
     out: dict[str, tuple[int, ...] | str] = {}
     for plan in plans:
         scope = scopes.get(plan.claim_uid)
@@ -273,6 +287,9 @@ def env_indices(
             continue
         if isinstance(scope, ScopeConflict):
             out[plan.claim_uid] = scope.message
+            continue
+        if len(scope.claims) > 1 and scope.claims & shares:
+            out[plan.claim_uid] = share_not_alone(scope, by_uid)
             continue
         problem = contiguity_problem(scope, by_uid)
         if problem is None:

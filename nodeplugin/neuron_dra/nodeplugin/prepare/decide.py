@@ -74,10 +74,11 @@ def _base_request(name: str) -> str:
 def prepared_devices(plan: ClaimPlan, *, pool: str, cdi_kind: str) -> tuple[ckpt.DeviceRecord, ...]:
     """The kubelet's answer for a planned claim (pure)."""
     ids = cdi_device_ids(plan, cdi_kind=cdi_kind)
+    share_ids = dict(plan.share_ids)
     out = []
     for (requests, device), cdi_id in zip(plan.devices, ids, strict=True):
         bases = tuple(dict.fromkeys(_base_request(r) for r in requests))
-        out.append(ckpt.DeviceRecord(bases, pool, device, (cdi_id,)))
+        out.append(ckpt.DeviceRecord(bases, pool, device, (cdi_id,), share_ids.get(device)))
     return tuple(out)
 
 
@@ -89,8 +90,10 @@ def new_entry(
     pool: str,
     cdi_kind: str,
     prepared_at: str,
+    share: ckpt.CoreShare | None = None,
 ) -> ckpt.ClaimEntry:
-    """The checkpoint entry recording ``plan`` as prepared with its files' ``content``."""
+    """The checkpoint entry recording ``plan`` as prepared with its files' ``content`` (and
+    the cores ``share`` of a device it shares: prepare/cores.py)."""
     return ckpt.ClaimEntry(
         uid=ref.uid,
         namespace=plan.namespace,
@@ -102,6 +105,7 @@ def new_entry(
         cdi_spec=content.spec,
         prepared_at=prepared_at,
         metadata=content.metadata,
+        share=share,
     )
 
 
@@ -111,6 +115,12 @@ def conflict_message(index: int, holder: ckpt.ClaimEntry) -> str:
         if any(d.device_name == NODE_DEVICE_NAME for d in holder.devices)
         else ""
     )
+    if holder.share is not None:
+        return (
+            f"device {device_name(index)} has cores prepared for ResourceClaim {holder.key} "
+            f"(uid {holder.uid}); a device serves one claim whole, or claims on cores of "
+            "their own, and the claim waits until the device's shares end"
+        )
     return (
         f"device {device_name(index)} is already prepared for ResourceClaim {holder.key} "
         f"(uid {holder.uid}){via}; a Neuron device can serve one claim at a time"
@@ -118,13 +128,17 @@ def conflict_message(index: int, holder: ckpt.ClaimEntry) -> str:
 
 
 def conflict(
-    checkpoint: ckpt.Checkpoint, uid: str, device_indices: Iterable[int]
+    checkpoint: ckpt.Checkpoint,
+    uid: str,
+    device_indices: Iterable[int],
+    share: ckpt.CoreShare | None = None,
 ) -> PrepareFailure | None:
-    """Why claim ``uid`` cannot have ``device_indices`` now, if another claim holds one.
+    """Why claim ``uid`` cannot have ``device_indices`` (of a shared device: the cores
+    ``share``) now, if another claim holds one.
 
     Retryable: the holder's Unprepare frees the device, and the user can act on it (Event).
     """
-    clash = ckpt.find_conflict(checkpoint, uid, device_indices)
+    clash = ckpt.find_conflict(checkpoint, uid, device_indices, share)
     if clash is None:
         return None
     return PrepareFailure(
@@ -174,7 +188,9 @@ def answer(entry: ckpt.ClaimEntry) -> PrepareResult:
     """The kubelet's answer for a prepared claim: the same for every repeat."""
     return PrepareResult(
         devices=tuple(
-            PreparedDevice(d.request_names, d.pool_name, d.device_name, d.cdi_device_ids)
+            PreparedDevice(
+                d.request_names, d.pool_name, d.device_name, d.cdi_device_ids, d.share_id
+            )
             for d in entry.devices
         )
     )

@@ -103,6 +103,9 @@ def device_statuses(entry: ckpt.ClaimEntry, *, driver: str = DRIVER_NAME) -> lis
                 "driver": driver,
                 "pool": device.pool_name,
                 "device": device.device_name,
+                # The allocation's key has it, and the API server checks every entry names
+                # an allocated device (core sharing: prepare/cores.py).
+                **({"shareID": device.share_id} if device.share_id else {}),
                 "conditions": [
                     {
                         "type": CONDITION_READY,

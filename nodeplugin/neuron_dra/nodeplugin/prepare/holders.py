@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.prepare import decide
+from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare import cores, decide
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
 
 #: GET of a holder claim: the object, None when it is gone; PrepareFailure when unreadable.
@@ -23,13 +24,13 @@ ReadClaim = Callable[[ckpt.ClaimEntry], Awaitable[Mapping[str, Any] | None]]
 
 async def released_holders(
     checkpoint: ckpt.Checkpoint,
-    wanted: Iterable[tuple[str, Iterable[int]]],
+    wanted: Iterable[tuple[str, ClaimPlan]],
     read: ReadClaim,
 ) -> frozenset[str]:
-    """The uids of the claims in ``checkpoint`` that hold devices ``wanted`` by the batch
-    (claim uid, device indices) and have given them back. A holder that cannot be read now
-    counts as holding: the new claim's refusal is retryable."""
-    found = {e.uid: e for uid, indices in wanted for e in ckpt.holders(checkpoint, uid, indices)}
+    """The uids of the claims in ``checkpoint`` that stand in the way of the claims of the
+    batch (claim uid, plan: :func:`.cores.blockers`) and have given their devices back. A
+    holder that cannot be read now counts as holding: the new claim's refusal is retryable."""
+    found = {e.uid: e for uid, plan in wanted for e in cores.blockers(checkpoint, uid, plan)}
     if not found:
         return frozenset()
 

@@ -71,7 +71,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     UnprepareResult,
 )
 from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
-from neuron_dra.nodeplugin.prepare import containers, decide, holders, metadata, record
+from neuron_dra.nodeplugin.prepare import containers, cores, decide, holders, metadata, record
 from neuron_dra.nodeplugin.prepare.budget import (
     PrepareFailure,
     PrepareLimits,
@@ -443,7 +443,7 @@ class Preparer:
     async def _released_holders(
         self, ready: Sequence[tuple[ClaimRef, _Specced]], deadline: float
     ) -> frozenset[str]:
-        wanted = [(ref.uid, item.plan.held_indices) for ref, item in ready]
+        wanted = [(ref.uid, item.plan) for ref, item in ready]
         return await holders.released_holders(
             self._state.checkpoint,
             wanted,
@@ -480,19 +480,19 @@ class Preparer:
                 # Prepared by another call, or the other instance, while we were reading it.
                 outcomes[ref.uid] = await self._settle(self._already_prepared(done))
                 continue
-            plan = item.plan
-            refused = decide.conflict(pending, ref.uid, plan.held_indices)
-            if refused is not None:
-                outcomes[ref.uid] = _Outcome(refused, self._clock.now())
-                continue
-            entry = decide.new_entry(
+            # Device conflicts; a core share gets its cores (prepare/cores.py).
+            entry = cores.admit(
+                pending,
                 ref,
-                plan,
+                item.plan,
                 item.content,
                 pool=self._node,
                 cdi_kind=self._cdi_kind,
                 prepared_at=self._clock.wall().strftime("%Y-%m-%dT%H:%M:%SZ"),
             )
+            if isinstance(entry, PrepareFailure):
+                outcomes[ref.uid] = _Outcome(entry, self._clock.now())
+                continue
             pending = pending.with_claim(entry)
             accepted.append(entry)
         if not accepted:

@@ -39,7 +39,7 @@ def write_prepared(
     for entry in entries:
         # Checked again at commit time: the checkpoint is the one place where two claims
         # must never both land, whatever the checks before decided.
-        refused = decide.conflict(new, entry.uid, entry.device_indices)
+        refused = decide.conflict(new, entry.uid, entry.device_indices, entry.share)
         if refused is not None:
             failures[entry.uid] = refused
             continue

@@ -54,6 +54,7 @@ from neuron_dra.common.k8s.errors import (
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.k8s.workqueue import QueueMetrics, RateLimiter
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.publish import gated
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.sliceplan import (
     JsonDict,
@@ -67,7 +68,6 @@ from neuron_dra.nodeplugin.publish.sliceplan import (
     slice_resync_reason,
 )
 from neuron_dra.nodeplugin.publish.syncworker import NotReadyError, SyncWorker, log_failure
-from neuron_dra.nodeplugin.publish.taints import taints_dropped
 from neuron_dra.nodeplugin.slices import build_resource_slices
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ class SlicePublisher:
         queue_metrics: QueueMetrics | None = None,
         conflict_attempts: int = CONFLICT_ATTEMPTS,
         taint_effect: str | None = None,
+        core_sharing: bool = False,
     ) -> None:
         if driver_name != DRIVER_NAME:
             # slices.py builds slices for DRIVER_NAME only; publishing under another name would
@@ -153,9 +154,11 @@ class SlicePublisher:
         self._clock: Clock = clock or SystemClock()
         self._metrics = metrics or PublisherMetrics()
         self._conflict_attempts = conflict_attempts
-        #: Effect of the taints on unhealthy devices; None once the API server has shown it
-        #: drops them (taints_dropped), so that we stop sending what it will not keep.
-        self.taint_effect = taint_effect
+        self._taint_effect = taint_effect
+        self._core_sharing = core_sharing
+        #: The features whose fields the API server has shown it drops (:mod:`.gated`, by
+        #: name): from then on the slices are built as it keeps them.
+        self.dropped: set[str] = set()
         self._api: ResourceClient = kube.resource(RESOURCE_SLICES)
         self.slice_store = Store()
         self.node_store = Store()
@@ -207,6 +210,17 @@ class SlicePublisher:
         self.last_error: Exception | None = None
         #: Successful writes by verb, for tests and diagnostics (Prometheus has the same).
         self.writes: CounterDict[str] = CounterDict()
+
+    @property
+    def taint_effect(self) -> str | None:
+        """Effect of the taints on unhealthy devices; None when none are published (off, or
+        the API server drops them)."""
+        return None if gated.DEVICE_TAINTS.name in self.dropped else self._taint_effect
+
+    @property
+    def core_sharing(self) -> bool:
+        """Whether the devices are published for claims on some of their cores."""
+        return self._core_sharing and gated.CORE_SHARING.name not in self.dropped
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -347,10 +361,11 @@ class SlicePublisher:
             dra_driver_version=self.dra_driver_version,
             workload_ids=dict(self._workload_ids()),
             generation=0,
-            taint_effect=self.taint_effect,
+            taint_effect=self._taint_effect,
+            core_sharing=self._core_sharing,
         )
         self._last_node_facts = facts
-        return desired
+        return gated.as_kept(desired, self.dropped) if self.dropped else desired
 
     async def sync(self) -> SyncResult:
         """One sync now, in the caller's task. For one-shot use without :meth:`start`: running
@@ -394,7 +409,7 @@ class SlicePublisher:
             except (AlreadyExistsError, ConflictError) as exc:
                 raise _StaleError(name, exc) from exc
             self._wrote("create", name, created)
-            self._check_taints_kept(obj, created)
+            self._check_kept(obj, created)
             result.created.append(name)
         for obj in plan.update:
             name = slice_name_of(obj)
@@ -403,7 +418,7 @@ class SlicePublisher:
             except (ConflictError, NotFoundError) as exc:
                 raise _StaleError(name, exc) from exc
             self._wrote("update", name, updated)
-            self._check_taints_kept(obj, updated)
+            self._check_kept(obj, updated)
             result.updated.append(name)
         for name, rv in plan.delete:
             try:
@@ -421,21 +436,16 @@ class SlicePublisher:
         self._metrics.slice_writes.labels(verb).inc()
         log.debug("ResourceSlice %s: %s", name, verb, extra={"node": self.node_name})
 
-    def _check_taints_kept(self, sent: JsonDict, returned: JsonDict) -> None:
-        """Stop sending taints once the API server drops them (its ``DRADeviceTaints`` feature
-        is off: the default before Kubernetes 1.36). Republishing them would never converge;
-        the ``healthy`` attribute still marks the device."""
-        if self.taint_effect is None or not taints_dropped(sent, returned):
-            return
-        log.warning(
-            "the API server dropped the device taints of ResourceSlice %s (feature DRADeviceTaints "
-            "is off; it is on by default from Kubernetes 1.36): unhealthy devices are marked "
-            "only by the healthy=false attribute",
-            slice_name_of(sent),
-            extra={"node": self.node_name},
-        )
-        self.taint_effect = None
-        self.request_sync()
+    def _check_kept(self, sent: JsonDict, returned: JsonDict) -> None:
+        """Stop sending the fields of a feature the API server drops (its gate is off, as
+        before Kubernetes 1.36 for device taints and core sharing): republishing them would
+        never converge (:mod:`.gated`)."""
+        lost = gated.newly_dropped(sent, returned, self.dropped)
+        for feature in lost:
+            log.warning("%s", feature.message(), extra={"node": self.node_name})
+            self.dropped.add(feature.name)
+        if lost:
+            self.request_sync()
 
     async def _refresh(self, name: str) -> None:
         """Read one slice from the API after a conflict, newer than our cache may be."""

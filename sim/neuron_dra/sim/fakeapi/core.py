@@ -30,6 +30,7 @@ from .rejections import bad_request, conflict, invalid, not_found, precondition_
 from .resource_types import CRD_KEY, NS_KEY, POD_KEY, ResourceType
 from .store import JSON, ApiError, Store
 from .validation.builtin import apply_builtin_defaults, gate_device_taints
+from .validation.consumable import gate_consumable_capacity
 
 # Built-ins whose server-side defaulting writes into nested objects.
 _DEFAULTED = frozenset({("resource.k8s.io", "resourceclaims"),
@@ -69,6 +70,9 @@ class ApiCore:
         #: The DRADeviceTaints feature: off, as in 1.34 and 1.35 by default (slice taints are
         #: dropped); on, taints are kept and their ``timeAdded`` defaulted (1.36+).
         self.device_taints = device_taints
+        #: The DRAConsumableCapacity feature: off, as in 1.34 and 1.35 by default (its fields
+        #: are dropped: validation/consumable.py); tests of shared devices turn it on (1.36+).
+        self.consumable_capacity = False
         # Dependents written with ownerReferences, waiting for the GC's owner check.
         self.pending_owner_checks: list[tuple[tuple[str, str], str, str]] = []
 
@@ -137,6 +141,8 @@ class ApiCore:
         if rt.crd is None:
             apply_builtin_defaults(rt.group, rt.plural, obj)
             gate_device_taints(rt.plural, obj, None, enabled=self.device_taints, now=self.now())
+            if not self.consumable_capacity:
+                gate_consumable_capacity(rt.plural, obj, None)
         validate(rt, obj, None)
         if self.store.get(rt.store_key, ns, str(name)) is not None:
             raise ApiError(status(409, "AlreadyExists", f'{rt.qualified} "{name}" already exists',
@@ -199,6 +205,8 @@ class ApiCore:
             apply_builtin_defaults(rt.group, rt.plural, new)
         if rt.crd is None and subresource != "status":
             gate_device_taints(rt.plural, new, old, enabled=self.device_taints, now=self.now())
+        if rt.crd is None and not self.consumable_capacity:
+            gate_consumable_capacity(rt.plural, new, old)  # status writes too: shareID
         meta = new["metadata"]
         if old_meta.get("deletionTimestamp"):
             _check_no_new_finalizers(rt, name, meta, old_meta)
