@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -80,10 +80,13 @@ def cluster_kwargs(world: str, control_plane: RealControlPlane | None = None) ->
 
 
 @contextlib.contextmanager
-def own_control_plane(world: str) -> Iterator[RealControlPlane | None]:
+def own_control_plane(
+    world: str, *, feature_gates: Mapping[str, bool] | None = None
+) -> Iterator[RealControlPlane | None]:
     """A control plane of its own for a test that builds its own cluster beside the shared
-    one (two clusters' controllers and node names would meet on one API server); ``None``
-    on the fake world, where every cluster has its own API server anyway."""
+    one (two clusters' controllers and node names would meet on one API server), with
+    ``feature_gates`` over the minor's; ``None`` on the fake world, where every cluster has
+    its own API server anyway."""
     minor = minor_of(world)
     if minor is None:
         yield None
@@ -92,7 +95,10 @@ def own_control_plane(world: str) -> Iterator[RealControlPlane | None]:
 
     require_built(minor)
     cp = RealControlPlane(
-        bin_dir_for(minor), minor, crd_paths=sorted(chart_crd_dir().glob("*.yaml"))
+        bin_dir_for(minor),
+        minor,
+        crd_paths=sorted(chart_crd_dir().glob("*.yaml")),
+        feature_gates=dict(feature_gates or {}),
     )
     with cp:
         yield cp

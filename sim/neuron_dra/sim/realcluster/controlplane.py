@@ -12,7 +12,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -71,6 +71,8 @@ class RealControlPlane:
     apiserver_args: Sequence[str] = ()
     #: An audit policy (YAML) to log by: the log is :attr:`audit_log`.
     audit_policy: str | None = None
+    #: Feature gates over the minor's profile (a test of a gate's other state).
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
     ready_limit: float = 90.0
     url: str = field(init=False, default="")
     _components: dict[str, Component] = field(init=False, default_factory=dict)
@@ -237,7 +239,8 @@ class RealControlPlane:
         sa_key = pki / "sa.key"
         openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(sa_key))
         profile = profile_for(self.minor)
-        gates = ",".join(f"{k}={str(v).lower()}" for k, v in profile.feature_gates.items())
+        wanted = {**profile.feature_gates, **self.feature_gates}
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in wanted.items())
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{api_port}"
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"

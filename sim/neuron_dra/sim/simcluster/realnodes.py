@@ -146,6 +146,8 @@ class RealNodes:
     ) -> None:
         self.cp = control_plane
         self.plugin_args = tuple(plugin_args)
+        #: Flags for one node's plugin only, after ``plugin_args`` (from its next start on).
+        self.node_args: dict[str, tuple[str, ...]] = {}
         self.fleet = RealNodeFleet(
             control_plane,
             workdir=workdir,
@@ -179,7 +181,8 @@ class RealNodes:
         node = self.fleet.nodes[name]
         # As the DaemonSet's pods do, every instance has a pod UID: its sockets carry it.
         uid = pod_uid or f"{name}-plugin"
-        argv = plugin_argv(self._specs[name], kubeconfig, uid, self.plugin_args)
+        extra = (*self.plugin_args, *self.node_args.get(name, ()))
+        argv = plugin_argv(self._specs[name], kubeconfig, uid, extra)
         comp = node.spawn(f"{PLUGIN}-{uid}", argv)
         if not pod_uid:
             self.plugins[name] = comp
