@@ -458,6 +458,12 @@ def test_fullest_device_fits_the_attribute_limit() -> None:
     # Pinned so that adding an attribute is a deliberate decision about the 32 budget.
     assert total == 29 <= MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
     assert_api_valid(slices)
+    # Core sharing adds the logicalCores capacity.
+    shared = devices_of(
+        build(inv, node_labels=labels, workload_ids={"node": "w"}, core_sharing=True)
+    )
+    device = shared["neurondevice0"]
+    assert len(device["attributes"]) + len(device["capacity"]) == 30
 
 
 def _device(n_attrs: int) -> dict[str, Any]:

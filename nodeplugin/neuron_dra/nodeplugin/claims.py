@@ -42,12 +42,9 @@ from neuron_dra.common.profiles import (
     connected_set_error,
     is_connected_set,
 )
+from neuron_dra.nodeplugin import extendedresource
 from neuron_dra.nodeplugin.coresharing import ShareError, ShareRequest, read_shares
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.extendedresource import (
-    EXTENDED_RESOURCE_ADVICE,
-    made_for_extended_resource,
-)
 from neuron_dra.nodeplugin.slices import (
     InventoryError,
     inventory_profile,
@@ -492,9 +489,10 @@ def _device_indices(
 def _for_extended_resource(exc: ClaimError, meta: Mapping[str, Any]) -> ClaimError:
     """``exc`` with what a pod asking ``aws.amazon.com/neuron: N`` can do, for the claim the
     scheduler made for it (:mod:`.extendedresource`)."""
-    if not made_for_extended_resource(meta):
+    if not extendedresource.made_for_extended_resource(meta):
         return exc
-    return ClaimError(f"{exc.message} {EXTENDED_RESOURCE_ADVICE}", permanent=exc.permanent)
+    advice = extendedresource.EXTENDED_RESOURCE_ADVICE
+    return ClaimError(f"{exc.message} {advice}", permanent=exc.permanent)
 
 
 def _check_connected(
