@@ -22,7 +22,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
 INSTANCE_TYPE = "trn2u.48xlarge"
 

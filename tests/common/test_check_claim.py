@@ -19,14 +19,14 @@ from neuron_dra.common.deviceclasses import (
     default_device_classes,
 )
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.nodeplugin.claims import ClaimError, plan_claim
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
     UltraServerMode,
 )
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.prepare.claims import ClaimError, plan_claim
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.allocation import AllocatedDevice, AllocationResult
 from neuron_dra.sim.cli import main
 from neuron_dra.sim.commands.check_claim.allocation import count_hint

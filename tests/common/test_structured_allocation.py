@@ -19,7 +19,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.allocation import (
     AllocationFailure,
     AllocationResult,

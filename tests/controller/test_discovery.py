@@ -49,7 +49,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.faults import RequestInfo
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 

@@ -70,7 +70,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
-from neuron_dra.nodeplugin.slices import WHOLE_NODE, build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import WHOLE_NODE, build_resource_slices
 from neuron_dra.sim.fakeapi.faults import RequestInfo
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry

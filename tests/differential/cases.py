@@ -126,7 +126,7 @@ def _inventory(
 def node_slices(node: NodeSpec, node_uid: str | None = None) -> list[dict[str, Any]]:
     """The node's ResourceSlices as its kubelet plugin publishes them (pool = node name)."""
     from neuron_dra.nodeplugin.plugin import dra_driver_version
-    from neuron_dra.nodeplugin.slices import build_resource_slices
+    from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
     inventory = dataclasses.replace(
         _inventory(

@@ -300,7 +300,7 @@ def test_pure_modules_import_no_io() -> None:
         "import asyncio\n",
         "def f():\n    from pathlib import Path\n",
         "from neuron_dra.common.k8s.client import NODES\n",
-        "from neuron_dra.nodeplugin.atomicfile import replace_file\n",
+        "from neuron_dra.nodeplugin.prepare.atomicfile import replace_file\n",
     ],
 )
 def test_the_purity_check_can_fail(source: str) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.nodeplugin import atomicfile
-from neuron_dra.nodeplugin.atomicfile import read_file, replace_file, temp_path
+from neuron_dra.nodeplugin.prepare import atomicfile
+from neuron_dra.nodeplugin.prepare.atomicfile import read_file, replace_file, temp_path
 
 
 @pytest.fixture

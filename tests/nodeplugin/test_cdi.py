@@ -15,7 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from neuron_dra.common.profiles import PROFILES, connected_groups
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.cdi import (
+from neuron_dra.nodeplugin.discovery.model import (
+    NeuronDevice,
+    NodeInventory,
+    UltraServerInfo,
+    UltraServerMode,
+)
+from neuron_dra.nodeplugin.prepare.cdi import (
     cdi_device_ids,
     cdi_spec_for,
     claim_env,
@@ -25,13 +31,7 @@ from neuron_dra.nodeplugin.cdi import (
     visible_cores,
     write_cdi_spec,
 )
-from neuron_dra.nodeplugin.claims import ClaimPlan
-from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
-    NodeInventory,
-    UltraServerInfo,
-    UltraServerMode,
-)
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 NODE = "ip-10-0-0-1"
 UID = "c0ffee00-1111-4222-8333-444455556666"  # letter first

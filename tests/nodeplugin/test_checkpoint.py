@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.checkpoint import (
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare.checkpoint import (
     Checkpoint,
     CheckpointCorrupt,
     ClaimEntry,

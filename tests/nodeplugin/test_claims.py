@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from neuron_dra.common.profiles import PROFILES, UnknownInstanceType, connected_groups
-from neuron_dra.nodeplugin.claims import (
+from neuron_dra.nodeplugin.discovery.model import (
+    NeuronDevice,
+    NodeInventory,
+    UltraServerInfo,
+    UltraServerMode,
+)
+from neuron_dra.nodeplugin.prepare.claims import (
     ClaimError,
     ClaimPlan,
     inventory_facts,
@@ -18,13 +24,7 @@ from neuron_dra.nodeplugin.claims import (
     plan_claim_on,
     published_facts,
 )
-from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
-    NodeInventory,
-    UltraServerInfo,
-    UltraServerMode,
-)
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
 NODE = "ip-1-1-1-1.region.compute.internal"
 CLAIM_UID = "5e1f2b9c-0d7a-4c3e-9f1b-2a6d8e4c7b10"

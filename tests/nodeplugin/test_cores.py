@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import ENV_VISIBLE_CORES
-from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.coresharing import ShareRequest
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import cores
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
+from neuron_dra.nodeplugin.prepare.cdi import ENV_VISIBLE_CORES
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 NODE = "trn2-node-0"
 SPEC: dict[str, Any] = {

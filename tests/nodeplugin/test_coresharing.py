@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from neuron_dra.common.constants import ATTR_LOGICAL_CORE_COUNT, CAPACITY_LOGICAL_CORES
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.nodeplugin.claims import _device_index
 from neuron_dra.nodeplugin.coresharing import (
     ShareError,
     ShareRequest,
@@ -19,8 +18,9 @@ from neuron_dra.nodeplugin.coresharing import (
     without_sharing,
 )
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
+from neuron_dra.nodeplugin.prepare.claims import _device_index
 from neuron_dra.nodeplugin.publish import gated
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.validation.consumable import gate_consumable_capacity
 
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"

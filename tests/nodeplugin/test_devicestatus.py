@@ -11,7 +11,7 @@ from kubernetes_asyncio import client
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.k8s.workqueue import ExponentialBackoff
-from neuron_dra.nodeplugin import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare.devicestatus import (
     DeviceStatusWriter,
     device_statuses,

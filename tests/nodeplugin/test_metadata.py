@@ -12,9 +12,6 @@ from typing import Any
 import pytest
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import cdi_spec_for, claim_env, spec_file_name
-from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -22,7 +19,9 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerInfo,
     UltraServerMode,
 )
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import metadata as md
+from neuron_dra.nodeplugin.prepare.cdi import cdi_spec_for, claim_env, spec_file_name
 from neuron_dra.nodeplugin.prepare.claimfiles import (
     ClaimContent,
     ClaimFiles,
@@ -32,7 +31,8 @@ from neuron_dra.nodeplugin.prepare.claimfiles import (
     remove_metadata_files,
     write_metadata_files,
 )
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
 NODE = "ip-10-0-0-1"
 DRIVER = "neuron.aws.com"

@@ -16,14 +16,14 @@ from neuron_dra.common.constants import CAPACITY_LOGICAL_CORES
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import spec_file_name
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PrepareResult
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.nodeplugin.prepare.budget import PrepareLimits
+from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
-from neuron_dra.nodeplugin.slices import build_resource_slices
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 

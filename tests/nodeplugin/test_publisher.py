@@ -50,7 +50,7 @@ from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller
 from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.publish.sliceplan import plan_slices
-from neuron_dra.nodeplugin.slices import build_resource_slices, slice_name
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices, slice_name
 from neuron_dra.sim.fakeapi.faults import RequestInfo
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry

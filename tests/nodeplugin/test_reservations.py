@@ -30,10 +30,10 @@ from neuron_dra.common.constants import (
 from neuron_dra.common.k8s.client import KubeClient, object_key
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.ultraserver import Reservation, UltraServerPeers, workload_id
-from neuron_dra.nodeplugin.cdi import spec_file_name
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
+from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.publisher import SlicePublisher

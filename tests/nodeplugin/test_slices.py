@@ -23,6 +23,7 @@ from neuron_dra.common.constants import (
     MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
 )
 from neuron_dra.common.profiles import PROFILES, connected_groups
+from neuron_dra.nodeplugin.discovery.facts import InventoryError
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -31,8 +32,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.labelplan import ultraserver_node_labels
-from neuron_dra.nodeplugin.slices import (
-    InventoryError,
+from neuron_dra.nodeplugin.publish.slices import (
     SliceBuildError,
     build_resource_slices,
     check_device_limits,

@@ -19,6 +19,7 @@ from neuron_dra.nodeplugin.discovery.model import (
     NodeInventory,
 )
 from neuron_dra.nodeplugin.publish.sliceplan import plan_slices, slice_up_to_date
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.nodeplugin.publish.taints import (
     carry_time_added,
     device_taints,
@@ -26,7 +27,6 @@ from neuron_dra.nodeplugin.publish.taints import (
     taint_value,
     taints_dropped,
 )
-from neuron_dra.nodeplugin.slices import build_resource_slices
 
 COMPONENT = FailureClass.COMPONENT
 ECC = FailureClass.UNCORRECTED_ECC

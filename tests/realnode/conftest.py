@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from neuron_dra.nodeplugin.cdi import list_cdi_specs
+from neuron_dra.nodeplugin.prepare.cdi import list_cdi_specs
 from neuron_dra.sim.kubebuild import kube_modules, newest_minor
 from neuron_dra.sim.realcluster import enabled_minors
 from neuron_dra.sim.simcluster import SimCluster, SimNode

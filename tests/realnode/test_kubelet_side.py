@@ -14,8 +14,8 @@ import signal
 from typing import Any
 
 import pytest
-from neuron_dra.nodeplugin.cdi import list_cdi_specs
 from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, mark_unhealthy
+from neuron_dra.nodeplugin.prepare.cdi import list_cdi_specs
 from neuron_dra.sim.realnode.node import KUBELET, RealNode
 from neuron_dra.sim.simcluster import SimCluster
 from neuron_dra.sim.simcluster.realnodes import RealNodes

@@ -32,7 +32,6 @@ from neuron_dra.common.constants import DRIVER_NAME, DRIVER_NAMESPACE, TAINT_EFF
 from neuron_dra.common.httpserver import HttpServer, load_web
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
-from neuron_dra.nodeplugin.claims import load_config_models
 from neuron_dra.nodeplugin.discovery.emulation import (
     EmulatedPaths,
     scan_emulated,
@@ -47,6 +46,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     PluginServer,
     load_grpc_stack,
 )
+from neuron_dra.nodeplugin.prepare.claims import load_config_models
 from neuron_dra.nodeplugin.prepare.devicestatus import DeviceStatusWriter, StatusReportingBackend
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics

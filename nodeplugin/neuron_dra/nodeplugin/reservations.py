@@ -52,7 +52,7 @@ from neuron_dra.common.ultraserver import (
     UltraServerPeers,
     node_reservations,
 )
-from neuron_dra.nodeplugin.slices import WHOLE_NODE
+from neuron_dra.nodeplugin.publish.slices import WHOLE_NODE
 from prometheus_client import CollectorRegistry, Gauge
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from neuron_dra.common.k8s.client import ResourceClient
 from neuron_dra.common.k8s.clock import Clock
 from neuron_dra.common.k8s.errors import KubeError, NotFoundError
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
-from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
+from neuron_dra.nodeplugin.prepare.nodelock import NodeLockTimeout
 
 log = logging.getLogger(__name__)
 

@@ -22,18 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.atomicfile import replace_file
-from neuron_dra.nodeplugin.cdi import (
+from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare import metadata
+from neuron_dra.nodeplugin.prepare.atomicfile import replace_file
+from neuron_dra.nodeplugin.prepare.cdi import (
     cdi_spec_for,
     list_cdi_specs,
     remove_cdi_spec,
     spec_file_name,
     write_cdi_spec,
 )
-from neuron_dra.nodeplugin.claims import ClaimPlan
-from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.prepare import metadata
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def build(
     metadata_root: Path,
     pod_claim_name: str | None = None,
 ) -> ClaimContent:
-    """The claim's CDI spec (:func:`~neuron_dra.nodeplugin.cdi.cdi_spec_for`) and, when
+    """The claim's CDI spec (:func:`~neuron_dra.nodeplugin.prepare.cdi.cdi_spec_for`) and, when
     ``published`` is given (device metadata on), its metadata documents and the spec's
     mounts of them (``pod_claim_name``: :func:`.metadata.pod_claim_name` of the claim).
     Raises CdiError or ValueError for a plan that cannot be expressed."""

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 JsonDict = dict[str, Any]
 

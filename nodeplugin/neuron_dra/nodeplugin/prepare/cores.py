@@ -32,14 +32,14 @@ from neuron_dra.common.constants import (
     METADATA_ATTR_VISIBLE_CORES,
     device_name,
 )
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import ENV_VISIBLE_CORES
-from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.coresharing import ShareRequest
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import decide
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
+from neuron_dra.nodeplugin.prepare.cdi import ENV_VISIBLE_CORES
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 
 def _alignment(size: int) -> int:

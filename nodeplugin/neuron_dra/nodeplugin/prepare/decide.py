@@ -11,13 +11,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME, device_name
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import cdi_device_ids
-from neuron_dra.nodeplugin.claims import ClaimError, ClaimPlan, plan_claim
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
+from neuron_dra.nodeplugin.prepare.cdi import cdi_device_ids
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
+from neuron_dra.nodeplugin.prepare.claims import ClaimError, ClaimPlan, plan_claim
 
 
 def check_claim(ref: ClaimRef, claim: Mapping[str, Any]) -> None:

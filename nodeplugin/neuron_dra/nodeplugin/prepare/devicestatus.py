@@ -38,20 +38,20 @@ from neuron_dra.common.k8s.errors import (
     NotFoundError,
 )
 from neuron_dra.common.k8s.workqueue import RateLimiter
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import (
+from neuron_dra.nodeplugin.kubeletapi.model import (
+    ClaimRef,
+    DriverBackend,
+    PrepareResult,
+    UnprepareResult,
+)
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare.cdi import (
     ENV_GLOBAL_TOPOID,
     ENV_LNC,
     ENV_US_MODE,
     ENV_US_NODE_ID,
     ENV_US_SERVER_ID,
     ENV_VISIBLE_CORES,
-)
-from neuron_dra.nodeplugin.kubeletapi.model import (
-    ClaimRef,
-    DriverBackend,
-    PrepareResult,
-    UnprepareResult,
 )
 from neuron_dra.nodeplugin.prepare.containers import recorded_env
 from neuron_dra.nodeplugin.publish.syncworker import SyncWorker, log_failure

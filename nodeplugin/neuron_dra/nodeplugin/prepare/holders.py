@@ -13,10 +13,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import cores, decide
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 #: GET of a holder claim: the object, None when it is gone; PrepareFailure when unreadable.
 ReadClaim = Callable[[ckpt.ClaimEntry], Awaitable[Mapping[str, Any] | None]]

@@ -33,7 +33,7 @@ Attributes, every name qualified with its domain: the device's ResourceSlice att
 published when the claim is prepared (without ``healthy``, which changes afterwards), plus
 what the claim's containers were prepared with: the LNC, the device's cores, the
 UltraServer mode and ids, the rank and the rank-0 host. Those come from the function that
-makes the ``NEURON_*`` variables (:func:`~neuron_dra.nodeplugin.cdi.claim_env`), so file
+makes the ``NEURON_*`` variables (:func:`~neuron_dra.nodeplugin.prepare.cdi.claim_env`), so file
 and environment agree. An admin-access claim gets the slice attributes only: the runtime
 settings belong to the claims that use the devices. The format allows 32 attributes per
 device; where the slice's leave too little room (the fullest device, a trn2u in a workload
@@ -51,7 +51,9 @@ from typing import Any, Final
 
 from neuron_dra.common import constants as c
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.cdi import (
+from neuron_dra.nodeplugin.discovery.facts import inventory_profile, node_default_lnc
+from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
+from neuron_dra.nodeplugin.prepare.cdi import (
     ENV_GLOBAL_TOPOID,
     ENV_GLOBAL_TOPOID0_HOST,
     ENV_US_MODE,
@@ -61,9 +63,7 @@ from neuron_dra.nodeplugin.cdi import (
     minimum_cdi_version,
     visible_cores,
 )
-from neuron_dra.nodeplugin.claims import ClaimPlan
-from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
-from neuron_dra.nodeplugin.slices import inventory_profile, node_default_lnc
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 METADATA_GROUP: Final = "metadata.resource.k8s.io"
 #: Newest first: a reader takes the first object whose version it knows.

@@ -27,10 +27,10 @@ from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.clock import Clock
 from neuron_dra.common.k8s.errors import KubeError
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import spec_file_name
-from neuron_dra.nodeplugin.nodelock import NodeLock, lock_path
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimFiles
+from neuron_dra.nodeplugin.prepare.nodelock import NodeLock, lock_path
 from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)

@@ -60,9 +60,6 @@ from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin import checkpoint as ckpt
-from neuron_dra.nodeplugin.cdi import CDI_KIND, CdiError, claim_env
-from neuron_dra.nodeplugin.claims import ClaimPlan
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import (
     ClaimRef,
@@ -70,7 +67,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     PrepareResult,
     UnprepareResult,
 )
-from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import containers, cores, decide, holders, metadata, record
 from neuron_dra.nodeplugin.prepare.budget import (
     PrepareFailure,
@@ -79,8 +76,11 @@ from neuron_dra.nodeplugin.prepare.budget import (
     read_object,
     state_failure,
 )
+from neuron_dra.nodeplugin.prepare.cdi import CDI_KIND, CdiError, claim_env
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent, ClaimFiles, build
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 from neuron_dra.nodeplugin.prepare.metrics import PreparerMetrics
+from neuron_dra.nodeplugin.prepare.nodelock import NodeLockTimeout
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 from neuron_dra.nodeplugin.prepare.unprepare import unprepare
 from neuron_dra.nodeplugin.reservations import ReservationError

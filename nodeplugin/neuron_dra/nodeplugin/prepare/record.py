@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from neuron_dra.nodeplugin import checkpoint as ckpt
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import decide
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
 

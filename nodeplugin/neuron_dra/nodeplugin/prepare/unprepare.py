@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from neuron_dra.nodeplugin import checkpoint as ckpt
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, UnprepareResult
-from neuron_dra.nodeplugin.nodelock import NodeLockTimeout
+from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare.budget import state_failure
+from neuron_dra.nodeplugin.prepare.nodelock import NodeLockTimeout
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,12 @@ from neuron_dra.common.constants import (
     format_ultraserver_modes,
 )
 from neuron_dra.common.names import LABEL_VALUE_RE
+from neuron_dra.nodeplugin.discovery.facts import (
+    InventoryError,
+    inventory_profile,
+    ultraserver_node_counts,
+)
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.slices import InventoryError, inventory_profile, ultraserver_node_counts
 
 
 def ultraserver_node_labels(inventory: NodeInventory) -> dict[str, str]:

@@ -67,8 +67,8 @@ from neuron_dra.nodeplugin.publish.sliceplan import (
     slice_name_of,
     slice_resync_reason,
 )
+from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.nodeplugin.publish.syncworker import NotReadyError, SyncWorker, log_failure
-from neuron_dra.nodeplugin.slices import build_resource_slices
 
 log = logging.getLogger(__name__)
 

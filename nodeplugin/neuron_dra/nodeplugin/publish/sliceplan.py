@@ -24,8 +24,8 @@ from neuron_dra.common.constants import (
     NETWORK_NODE_LAYER_ATTRIBUTES,
 )
 from neuron_dra.common.k8s.client.resources import resource_version
+from neuron_dra.nodeplugin.publish.slices import next_generation, slice_content_changed
 from neuron_dra.nodeplugin.publish.taints import carry_time_added
-from neuron_dra.nodeplugin.slices import next_generation, slice_content_changed
 
 JsonDict = dict[str, Any]
 

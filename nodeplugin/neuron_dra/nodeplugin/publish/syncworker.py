@@ -24,7 +24,8 @@ from neuron_dra.common.k8s.workqueue import (
     RateLimiter,
     WorkQueue,
 )
-from neuron_dra.nodeplugin.slices import InventoryError, SliceBuildError
+from neuron_dra.nodeplugin.discovery.facts import InventoryError
+from neuron_dra.nodeplugin.publish.slices import SliceBuildError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from neuron_dra.common.k8s.client import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from neuron_dra.nodeplugin.cdi import list_cdi_specs
+from neuron_dra.nodeplugin.prepare.cdi import list_cdi_specs
 from neuron_dra.sim.soak.churn import delete_claim, delete_workload
 from neuron_dra.sim.soak.invariants import always_violations, freed
 from neuron_dra.sim.soak.options import NS, JsonDict

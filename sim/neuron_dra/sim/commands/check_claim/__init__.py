@@ -4,9 +4,10 @@ The claim is allocated the way kube-scheduler's DRA plugin would (the shared str
 allocator, ``neuron_dra.sim.allocation``), one node at a time, against devices from
 a live cluster (``--kubeconfig``), a file of ResourceSlices (``--slices``) or freshly emulated
 nodes (``--emulate TYPE``). A node where the scheduler would find devices is then checked by
-the kubelet plugin's own Prepare decision (``neuron_dra.nodeplugin.claims.plan_claim_on``: connected
-device set, opaque configs, LNC, UltraServer mode, workload reservations) fed from the node's
-ResourceSlice, because a claim that is allocated but cannot be prepared leaves the pod in
+the kubelet plugin's own Prepare decision
+(``neuron_dra.nodeplugin.prepare.claims.plan_claim_on``: connected device set, opaque configs,
+LNC, UltraServer mode, workload reservations) fed from the node's ResourceSlice, because a
+claim that is allocated but cannot be prepared leaves the pod in
 ContainerCreating, which is the failure this command exists to catch early.
 
 Exit codes: 0 when every claim fits somewhere, 1 when one does not, 2 for bad input.

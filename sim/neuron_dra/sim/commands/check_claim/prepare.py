@@ -12,7 +12,7 @@ from neuron_dra.sim.commands.check_claim.inputs import as_dict
 from neuron_dra.sim.commands.check_claim.nodes import NodeDevices
 
 if TYPE_CHECKING:
-    from neuron_dra.nodeplugin.claims import NodeFacts
+    from neuron_dra.nodeplugin.prepare.claims import NodeFacts
 
 
 def published_devices(node: NodeDevices) -> dict[str, dict[str, Any]]:
@@ -39,7 +39,7 @@ def node_facts(node: NodeDevices) -> NodeFacts | None:
     does not show, so nothing reliable can be predicted there)."""
     # The kubelet plugin's module, imported here: only this command needs it from ``common``
     # (the wheel ships every package).
-    from neuron_dra.nodeplugin.claims import published_facts
+    from neuron_dra.nodeplugin.prepare.claims import published_facts
 
     try:
         return published_facts(published_devices(node))
@@ -63,7 +63,7 @@ def prepare_problems(
     (minus the claim name). The one check it skips is whether a node's UltraServer election
     is done (retryable, and the 2-node ids are not in the slice). ``labels``: the claim's.
     """
-    from neuron_dra.nodeplugin.claims import ClaimError, plan_claim_on
+    from neuron_dra.nodeplugin.prepare.claims import ClaimError, plan_claim_on
 
     if not any(d.driver == DRIVER_NAME for d in result.devices):
         return []  # the kubelet does not ask our plugin to prepare other drivers' devices

@@ -83,7 +83,7 @@ def from_emulation(types: Sequence[str]) -> Cluster:
         write_emulated_tree,
     )
     from neuron_dra.nodeplugin.plugin import dra_driver_version
-    from neuron_dra.nodeplugin.slices import build_resource_slices
+    from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
     unknown = [t for t in types if t not in known_types()]
     if unknown:

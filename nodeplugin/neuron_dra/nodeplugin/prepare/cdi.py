@@ -30,10 +30,10 @@ from typing import Any, Final
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.atomicfile import fsync_dir, replace_file
-from neuron_dra.nodeplugin.claims import ClaimPlan
+from neuron_dra.nodeplugin.discovery.facts import inventory_profile, node_default_lnc
 from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
-from neuron_dra.nodeplugin.slices import inventory_profile, node_default_lnc
+from neuron_dra.nodeplugin.prepare.atomicfile import fsync_dir, replace_file
+from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
 CDI_KIND: Final = "k8s.neuron.aws.com/claim"
 

@@ -69,7 +69,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from neuron_dra.nodeplugin.atomicfile import read_file, replace_file
+from neuron_dra.nodeplugin.prepare.atomicfile import read_file, replace_file
 
 log = logging.getLogger(__name__)
 

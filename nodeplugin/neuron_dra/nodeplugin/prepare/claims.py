@@ -42,14 +42,14 @@ from neuron_dra.common.profiles import (
     connected_set_error,
     is_connected_set,
 )
-from neuron_dra.nodeplugin import extendedresource
 from neuron_dra.nodeplugin.coresharing import ShareError, ShareRequest, read_shares
-from neuron_dra.nodeplugin.discovery.model import NodeInventory
-from neuron_dra.nodeplugin.slices import (
+from neuron_dra.nodeplugin.discovery.facts import (
     InventoryError,
     inventory_profile,
     ultraserver_node_counts,
 )
+from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.nodeplugin.prepare import extendedresource
 
 if TYPE_CHECKING:
     from neuron_dra.common.models.configs import NeuronConfig, OpaqueConfig, UltraServerConfig
