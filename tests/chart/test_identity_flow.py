@@ -174,10 +174,28 @@ async def test_the_flow_under_the_charts_identities_gets_no_403(
         if e["user"]["username"] == plugin
     }
     assert plugin_nodes == {(n.name,) for n in nodes}, plugin_nodes
+    refused = [e for e in events if e.get("responseStatus", {}).get("code") == 403]
+    if tuple(int(x) for x in cp.minor.split(".")[:2]) < (1, 36):
+        # Before 1.36 the chart grants no resourceclaims/status (it would let a node's token
+        # rewrite allocations): each plugin's first status.devices write is refused, and the
+        # writer stops there (prepare/devicestatus.py). One each, nothing else.
+        status_writes = [
+            e
+            for e in refused
+            if e["user"]["username"] == plugin
+            and e["verb"] == "patch"
+            and e["objectRef"].get("resource") == "resourceclaims"
+            and e["objectRef"].get("subresource") == "status"
+        ]
+        per_node = Counter(
+            tuple(e["user"].get("extra", {}).get("authentication.kubernetes.io/node-name", []))
+            for e in status_writes
+        )
+        assert status_writes and max(per_node.values()) == 1, per_node
+        refused = [e for e in refused if e not in status_writes]
     denied = [
         f"{e['user']['username']} {e['verb']} {e['requestURI']}: "
         f"{e['responseStatus'].get('message', '')}"
-        for e in events
-        if e.get("responseStatus", {}).get("code") == 403
+        for e in refused
     ]
     assert denied == [], "\n".join(denied)
