@@ -65,9 +65,9 @@ def test_each_device_gets_a_ready_condition_and_the_runtime_values_as_data() -> 
         "deviceId": 2,
         "visibleCores": "8-15",
         "logicalNeuronCore": 2,
-        "ultraServerMode": 1,
-        "ultraServerId": "a1b2c3d4e5f60719",
-        "ultraServerNodeId": 1,
+        "ultraserverRuntimeMode": 1,
+        "ultraserverServerId": "a1b2c3d4e5f60719",
+        "ultraserverServerNodeId": 1,
         "globalTopologyId": 5,
     }
     assert second["device"] == "neurondevice3" and second["data"]["deviceId"] == 3

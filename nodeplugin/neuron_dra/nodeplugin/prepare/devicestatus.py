@@ -28,7 +28,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from neuron_dra.common.constants import DRIVER_NAME
+from neuron_dra.common.constants import (
+    DRIVER_NAME,
+    METADATA_ATTR_GLOBAL_TOPOLOGY_ID,
+    METADATA_ATTR_LOGICAL_NEURON_CORE,
+    METADATA_ATTR_ULTRASERVER_RUNTIME_MODE,
+    METADATA_ATTR_ULTRASERVER_SERVER_ID,
+    METADATA_ATTR_ULTRASERVER_SERVER_NODE_ID,
+    METADATA_ATTR_VISIBLE_CORES,
+)
 from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient, PatchType
 from neuron_dra.common.k8s.clock import Clock, SystemClock
 from neuron_dra.common.k8s.errors import (
@@ -63,14 +71,16 @@ FIELD_MANAGER: Final = f"{DRIVER_NAME}/kubelet-plugin"
 CONDITION_READY: Final = "Ready"
 REASON_PREPARED: Final = "Prepared"
 
-#: ``data`` keys and the runtime variable each repeats (integers where the value is one).
+#: ``data`` keys and the runtime variable each repeats (integers where the value is one). The
+#: keys are the device metadata file's attribute names (prepare/metadata.py), so a tool reads
+#: the same words in both places.
 _DATA_FROM_ENV: Final = (
-    ("visibleCores", ENV_VISIBLE_CORES, False),
-    ("logicalNeuronCore", ENV_LNC, True),
-    ("ultraServerMode", ENV_US_MODE, True),
-    ("ultraServerId", ENV_US_SERVER_ID, False),
-    ("ultraServerNodeId", ENV_US_NODE_ID, True),
-    ("globalTopologyId", ENV_GLOBAL_TOPOID, True),
+    (METADATA_ATTR_VISIBLE_CORES, ENV_VISIBLE_CORES, False),
+    (METADATA_ATTR_LOGICAL_NEURON_CORE, ENV_LNC, True),
+    (METADATA_ATTR_ULTRASERVER_RUNTIME_MODE, ENV_US_MODE, True),
+    (METADATA_ATTR_ULTRASERVER_SERVER_ID, ENV_US_SERVER_ID, False),
+    (METADATA_ATTR_ULTRASERVER_SERVER_NODE_ID, ENV_US_NODE_ID, True),
+    (METADATA_ATTR_GLOBAL_TOPOLOGY_ID, ENV_GLOBAL_TOPOID, True),
 )
 
 CheckpointProvider = Callable[[], ckpt.Checkpoint]
