@@ -44,11 +44,16 @@ def starts_real_nodes(nodeid: str) -> bool:
     return case_id.startswith(("real-", "kubelet-"))
 
 
-#: The kubelet-side tests' clusters are small (two nodes at most) and the real-node soak's
-#: has four: they run beside the other real-node tests, whose largest cluster is twelve
-#: nodes (12 + 4 nodes x 8 inotify instances fit the user's 128; docs/testing.md, "Running
-#: in parallel").
-KUBELET_SIDE = ("tests/realnode/", "tests/soak/test_real_node_soak.py")
+#: The kubelet-side tests' clusters are small (three nodes at most), the real-node soak's and
+#: the chart's identity flow's have four, one after the other: they run beside the other
+#: real-node tests, whose largest cluster is twelve nodes (12 + 4 nodes x 8 inotify instances
+#: fit the user's 128; docs/testing.md, "Running in parallel"). The identity flow is here to
+#: even out the two units' lengths (the other one is the suite's longest).
+KUBELET_SIDE = (
+    "tests/realnode/",
+    "tests/soak/test_real_node_soak.py",
+    "tests/chart/test_identity_flow.py",
+)
 #: Run first in its unit: the other unit's first tests (the chart's) run five nodes at most,
 #: its twelve-node clusters come minutes later.
 FIRST = "tests/soak/test_real_node_soak.py"
