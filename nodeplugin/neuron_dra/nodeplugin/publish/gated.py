@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from neuron_dra.nodeplugin.coresharing import sharing_dropped, without_sharing
-from neuron_dra.nodeplugin.publish.taints import taints_dropped
+from neuron_dra.nodeplugin.publish.taints import taints_dropped, without_taints
 
 JsonDict = dict[str, Any]
 
@@ -45,20 +45,12 @@ class GatedFeature:
         )
 
 
-def _without_taints(obj: Mapping[str, Any]) -> JsonDict:
-    spec = dict(obj.get("spec") or {})
-    spec["devices"] = [
-        {k: v for k, v in d.items() if k != "taints"} for d in spec.get("devices") or []
-    ]
-    return {**obj, "spec": spec}
-
-
 DEVICE_TAINTS: Final = GatedFeature(
     name="device taints",
     gate="DRADeviceTaints",
     default_since="1.36",
     dropped=taints_dropped,
-    strip=_without_taints,
+    strip=without_taints,
     instead="unhealthy devices are marked only by the healthy=false attribute",
 )
 CORE_SHARING: Final = GatedFeature(

@@ -129,6 +129,10 @@ def taints_dropped(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> bool
     )
 
 
-def without_taints(obj: Mapping[str, Any]) -> bool:
-    """Whether no device of slice ``obj`` has taints (what a server without the feature keeps)."""
-    return not any(d.get("taints") for d in _devices(obj).values())
+def without_taints(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Slice ``obj`` as a server without the feature keeps it: no device taints."""
+    spec = dict(obj.get("spec") or {})
+    spec["devices"] = [
+        {k: v for k, v in d.items() if k != "taints"} for d in spec.get("devices") or []
+    ]
+    return {**obj, "spec": spec}
