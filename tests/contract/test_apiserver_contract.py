@@ -290,16 +290,26 @@ async def test_finalizer_holds_deletion(api: k8s.ApiClient, ns: str) -> None:
 
 async def test_watch_resumes_from_resource_version(api: k8s.ApiClient, ns: str) -> None:
     core = k8s.CoreV1Api(api)
+    # Labelled and watched by label: on the real server kube-controller-manager publishes
+    # kube-root-ca.crt into every new namespace, at a moment of its own choosing.
+    labels = {"contract": "watch-resume"}
     first = await core.create_namespaced_config_map(
-        ns, {"metadata": {"name": "w1"}}, _request_timeout=T
+        ns, {"metadata": {"name": "w1", "labels": labels}}, _request_timeout=T
     )
     rv = first.metadata.resource_version
-    await core.create_namespaced_config_map(ns, {"metadata": {"name": "w2"}}, _request_timeout=T)
+    await core.create_namespaced_config_map(
+        ns, {"metadata": {"name": "w2", "labels": labels}}, _request_timeout=T
+    )
     await core.delete_namespaced_config_map("w1", ns, _request_timeout=T)
     resp = await api.call_api(
         f"/api/v1/namespaces/{ns}/configmaps",
         "GET",
-        query_params=[("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "5")],
+        query_params=[
+            ("watch", "true"),
+            ("resourceVersion", rv),
+            ("labelSelector", "contract=watch-resume"),
+            ("timeoutSeconds", "5"),
+        ],
         _preload_content=False,
         _request_timeout=T,
     )
