@@ -1,13 +1,14 @@
 """Shared pytest configuration: the fake API server fixtures are available everywhere, and
-the tests that start real nodes run one after another in one xdist worker.
+the tests that start real nodes run in a few units of work, each in one xdist worker.
 
-README's test command runs the suite in several processes (``-n 3``): most of the real
+README's test command runs the suite in several processes (``-n 4``): most of the real
 tier's time is waiting on processes, not computing. Real nodes are the exception to sharing
-the machine freely: it runs about a dozen at once (their kubelets and containerds hold
-inotify instances, 128 per user), and ``tests/e2e`` relies on its shared clusters being gone
-before ``tests/e2e_clusters`` starts its own (docs/testing.md). So the tests that start real
-nodes form one unit of work that one worker runs in collection order
-(:class:`RealNodesScheduling`); every other test is a unit of its own.
+the machine freely: their kubelets and containerds hold inotify instances (8 a node, counted
+against the user's ``fs.inotify.max_user_instances``), and ``tests/e2e`` relies on its shared
+clusters being gone before ``tests/e2e_clusters`` starts its own when the room is Linux's
+default 128 (docs/testing.md). So the tests that start real nodes form two units of work
+(three where the limit allows, :func:`real_nodes_unit`) that one worker each runs in
+collection order (:class:`RealNodesScheduling`); every other test is a unit of its own.
 
 (pytest-xdist's own ``--dist loadgroup`` would do this with markers, but under pytest 9 its
 worker-side renaming of node ids has no effect, so the grouping is done here, from node ids.)
@@ -15,6 +16,7 @@ worker-side renaming of node ids has no effect, so the grouping is done here, fr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,24 +49,48 @@ def starts_real_nodes(nodeid: str) -> bool:
 #: The kubelet-side tests' clusters are small (three nodes at most), the real-node soak's and
 #: the chart's identity flow's have four, one after the other: they run beside the other
 #: real-node tests, whose largest cluster is twelve nodes (12 + 4 nodes x 8 inotify instances
-#: fit the user's 128; docs/testing.md, "Running in parallel"). The identity flow is here to
-#: even out the two units' lengths (the other one is the suite's longest).
+#: fit the user's default 128; docs/testing.md, "In parallel"). The identity flow is here to
+#: even out the units' lengths.
 KUBELET_SIDE = (
     "tests/realnode/",
     "tests/soak/test_real_node_soak.py",
     "tests/chart/test_identity_flow.py",
 )
+#: With room for three units (see :data:`ROOM_FOR_THREE_UNITS`), the clusters of their own
+#: (failure strategies) and the installed product's fleets run beside tests/e2e's shared
+#: clusters instead of after them: the two halves take about as long as the kubelet side.
+OWN_CLUSTERS = (
+    "tests/e2e_clusters/test_failure_strategies.py",
+    "tests/chart/test_installed_product.py",
+)
+#: inotify instances (``fs.inotify.max_user_instances``) three units need at once: 12 + 12 +
+#: 5 nodes of 8 each, with room for the control planes and the rest of the session.
+#: ``hack/k8s/node-packages`` raises the limit to 1024 where it may (root, writable).
+ROOM_FOR_THREE_UNITS = 512
 #: Run first in its unit: the other unit's first tests (the chart's) run five nodes at most,
 #: its twelve-node clusters come minutes later.
 FIRST = "tests/soak/test_real_node_soak.py"
 
 
-def real_nodes_unit(nodeid: str) -> str | None:
+def inotify_limit(path: Path = Path("/proc/sys/fs/inotify/max_user_instances")) -> int:
+    """The user's inotify instance limit; 128 (Linux's default) where it cannot be read."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 128
+
+
+def real_nodes_unit(nodeid: str, limit: int = 128) -> str | None:
     """The unit of work of a test that starts real nodes (run in order by one worker), or
-    None for a test that starts none."""
+    None for a test that starts none. ``limit``: the user's inotify instances, which decide
+    whether the machine has room for two units or three."""
     if not starts_real_nodes(nodeid):
         return None
-    return f"{REAL_NODES}-kubelet-side" if nodeid.startswith(KUBELET_SIDE) else REAL_NODES
+    if nodeid.startswith(KUBELET_SIDE):
+        return f"{REAL_NODES}-kubelet-side"
+    if limit >= ROOM_FOR_THREE_UNITS and nodeid.startswith(OWN_CLUSTERS):
+        return f"{REAL_NODES}-own-clusters"
+    return REAL_NODES
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,7 +104,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class RealNodesScheduling(LoadScopeScheduling):  # type: ignore[misc]
         """Every test its own unit of work, but the real-node tests one unit together."""
 
+        limit = inotify_limit()
+
         def _split_scope(self, nodeid: str) -> str:
-            return real_nodes_unit(nodeid) or nodeid
+            return real_nodes_unit(nodeid, self.limit) or nodeid
 
     return RealNodesScheduling(config, log)

@@ -2,9 +2,11 @@
 killed) and ``neuron-dra sim`` as a command.
 
 They live apart from ``tests/e2e`` because real nodes are counted: a machine runs about a
-dozen at once (each node's kubelet and containerd hold inotify instances, 128 per user by
-default, and this machine's sysctls are not ours to raise). pytest finishes a package before
-the next, so the shared clusters of ``tests/e2e`` are gone when these start.
+dozen at once under Linux's default inotify limit (each node's kubelet and containerd hold
+8 instances, 128 per user by default). pytest finishes a package before the next, so the
+shared clusters of ``tests/e2e`` are gone when these start; where the limit is higher
+(``hack/k8s/node-packages`` raises it), the failure strategies run in a worker of their own
+beside them (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ INOTIFY_PER_NODE = 8
 def inotify_room() -> tuple[int, int]:
     """(instances free for this user, the limit): the machine's
     ``fs.inotify.max_user_instances`` (128 by default) bounds how many real nodes run at
-    once, and this machine's sysctls are not ours to raise."""
+    once (``hack/k8s/node-packages`` raises it to 1024 where root may)."""
     limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
     used = 0
     uid = os.geteuid()
