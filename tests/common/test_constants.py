@@ -44,3 +44,19 @@ def test_names_and_labels() -> None:
     assert c.format_ultraserver_modes([4, 1, 2, 2]) == "1_2_4"
     assert c.CRD_API_VERSION == "neuron.aws.com/v1beta1"
     assert c.CONFIG_API_VERSIONS_ACCEPTED[0] == c.CONFIG_API_VERSION
+
+
+def test_device_index_reads_back_what_device_name_writes() -> None:
+    for index in (0, 7, 15, 127):
+        assert c.device_index(c.device_name(index)) == index
+    for other in (
+        "neuronnode",
+        "neurondevice",
+        "neurondevice03",
+        "neurondevice-1",
+        "gpu0",
+        "neurondevice\u00b2",
+        "neurondevice1a",
+        "xneurondevice1",
+    ):
+        assert c.device_index(other) is None, other

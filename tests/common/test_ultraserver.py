@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from neuron_dra.common.ultraserver import (
+    PHASE_BOUND,
+    PHASE_PENDING,
+    AllocationEntry,
     global_topo_id,
     node_reservations,
+    read_allocations,
     reservations,
     workload_id,
 )
@@ -72,3 +79,57 @@ def test_reservations_of_a_node() -> None:
     assert r.leader_node_name == "n8" and r.workload_id == "job-1"
     assert node_reservations(objs, "n7") == []
     assert [x.rank for x in reservations(objs[1])] == [0, 1]
+
+
+def test_read_allocations_types_each_entry() -> None:
+    raw = {
+        "workloadRef": "ml/job",
+        "workloadId": "job-1",
+        "allocatedNodes": ["n2", "n3"],
+        "nodeCount": 2,
+        "ultraserverIndex": 1,
+        "leaderNodeName": "n0",
+        "phase": "Active",
+        "allocatedAt": "2026-01-01T09:00:00Z",
+        "future": "kept",
+    }
+    (entry,) = read_allocations({"status": {"allocations": [raw]}})
+    assert entry == AllocationEntry(
+        workload_ref="ml/job",
+        workload_id="job-1",
+        unit_index=1,
+        nodes=("n2", "n3"),
+        topology_size=2,
+        leader_node_name="n0",
+        phase=PHASE_BOUND,
+        allocated_at=datetime(2026, 1, 1, 9, tzinfo=UTC),
+        raw=raw,
+    )
+    assert entry.identity == ("ml/job", 1, "job-1")
+    assert entry.raw["future"] == "kept"
+
+
+@pytest.mark.parametrize(
+    "nus",
+    [
+        {},
+        {"status": None},
+        {"status": {"allocations": "x"}},
+        {"status": {"allocations": [None, 3]}},
+    ],
+)
+def test_read_allocations_reads_a_malformed_record_as_empty(nus: dict[str, Any]) -> None:
+    assert read_allocations(nus) == ()
+
+
+def test_read_allocations_defaults() -> None:
+    (entry,) = read_allocations(
+        {"status": {"allocations": [{"allocatedNodes": ["a", 5], "ultraserverIndex": "x"}]}}
+    )
+    assert (entry.nodes, entry.topology_size, entry.unit_index, entry.phase) == (
+        ("a",),
+        1,
+        0,
+        PHASE_PENDING,
+    )
+    assert (entry.leader_node_name, entry.allocated_at, entry.workload_ref) == (None, None, "")

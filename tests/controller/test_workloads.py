@@ -42,7 +42,12 @@ from neuron_dra.common.k8s.client import (
 from neuron_dra.common.k8s.errors import KubeError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.models.crds import NeuronUltraServer, NeuronUltraServerWorkload
-from neuron_dra.common.ultraserver import node_reservations, workload_id
+from neuron_dra.common.ultraserver import (
+    AllocationEntry,
+    node_reservations,
+    read_allocations,
+    workload_id,
+)
 from neuron_dra.controller.allocation.planner import Unit
 from neuron_dra.controller.caches import DeviceClaimStore, claim_nodes_in_use, slim_claim
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
@@ -598,16 +603,23 @@ def test_status_allocation_time_is_stamped_once() -> None:
     assert "allocationTime" not in desired_workload_status(s2, pending, now, 1)
 
 
+def _entry(raw: dict[str, Any]) -> AllocationEntry:
+    (entry,) = read_allocations({"status": {"allocations": [raw]}})
+    return entry
+
+
 def test_split_holdings_drops_foreign_duplicate_and_out_of_range_entries() -> None:
     def held(us: str, index: int, wid: str = "w-1") -> Held:
         return Held(
             us,
-            {
-                "workloadRef": "ns/w",
-                "workloadId": wid,
-                "ultraserverIndex": index,
-                "allocatedNodes": [f"{us}-n0"],
-            },
+            _entry(
+                {
+                    "workloadRef": "ns/w",
+                    "workloadId": wid,
+                    "ultraserverIndex": index,
+                    "allocatedNodes": [f"{us}-n0"],
+                }
+            ),
         )
 
     usable, surplus = split_holdings(
@@ -1497,7 +1509,9 @@ async def test_interrupted_allocation_is_rolled_back_when_it_cannot_complete(
 
 def test_unit_type_is_the_allocators() -> None:
     # The reconciler builds units from the record with the allocator's own type.
-    h = Held("us-a", {"ultraserverIndex": 1, "allocatedNodes": ["n0", "n1"], "workloadId": "x"})
+    h = Held(
+        "us-a", _entry({"ultraserverIndex": 1, "allocatedNodes": ["n0", "n1"], "workloadId": "x"})
+    )
     assert h.unit == Unit("us-a", ("n0", "n1"), 1)
 
 

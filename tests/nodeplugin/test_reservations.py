@@ -39,7 +39,6 @@ from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.reservations import (
     LookupPolicy,
-    NodeEntry,
     ReservationError,
     ReservationWatcher,
     choose_reservation,
@@ -285,9 +284,8 @@ async def test_inconsistent_record_keeps_the_node_reserved_for_the_earliest(
 
 def _entry(
     wid: str, *, at: datetime | None, phase: str = "Reserved", us: str = "us-a"
-) -> NodeEntry:
-    r = Reservation(us, f"ml/{wid}", wid, 0, 1, NODE, 0, NODE, phase)
-    return NodeEntry(r, at)
+) -> Reservation:
+    return Reservation(us, f"ml/{wid}", wid, 0, 1, NODE, 0, NODE, phase, at)
 
 
 def test_choose_reservation_is_independent_of_order() -> None:

@@ -41,6 +41,16 @@ def device_name(device_id: int) -> str:
     return f"{DEVICE_NAME_PREFIX}{device_id}"
 
 
+def device_index(name: str) -> int | None:
+    """The device id a :func:`device_name` names; None for any other name (``neuronnode``,
+    another driver's device, a non-canonical spelling such as ``neurondevice03``)."""
+    digits = name.removeprefix(DEVICE_NAME_PREFIX)
+    if digits == name or not (digits.isascii() and digits.isdigit()):
+        return None
+    index = int(digits)
+    return index if device_name(index) == name else None
+
+
 # --- ResourceSlice API limits (resource.k8s.io/v1 validation, Kubernetes 1.34) -------------
 
 MAX_DEVICES_PER_SLICE: Final = 128

@@ -4,14 +4,17 @@ The controller records each allocated *unit* (``topologySize`` nodes of one Ultr
 one entry of ``NeuronUltraServer.status.allocations``; that is the only place reservations
 are written. Each kubelet plugin reads the entries naming its node to tag its devices with
 ``workloadId`` and to give containers their ranks. These pure functions are the one reading
-of that record both sides agree on.
+of that record both sides agree on: :func:`read_allocations` is the one reader of the entries
+(``tests/docs/test_wire_readers.py`` fails on another), the controller's
+``workloads/entries.py`` their one writer.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 from neuron_dra.common.constants import WORKLOAD_ID_MAX_LENGTH
@@ -76,6 +79,8 @@ class Reservation:
     node_index: int
     leader_node_name: str | None
     phase: str
+    #: ``allocatedAt`` of the entry (None: absent or unparsable); orders a node's entries.
+    allocated_at: datetime | None = None
 
     @property
     def rank(self) -> int:
@@ -101,28 +106,100 @@ class UltraServerPeers:
         return global_topo_id(self.ultraserver_index, self.topology_size, self.node_index)
 
 
+@dataclass(frozen=True)
+class AllocationEntry:
+    """One entry of ``NeuronUltraServer.status.allocations``: one unit of a workload.
+
+    Read defensively: a malformed value reads as empty (or 0), never raises, as every reader
+    of a watched object must."""
+
+    workload_ref: str
+    workload_id: str
+    #: ``ultraserverIndex``: the unit's index within the workload.
+    unit_index: int
+    #: ``allocatedNodes``, in the recorded order (ascending node id: ranks follow it).
+    nodes: tuple[str, ...]
+    #: ``nodeCount``: nodes per unit (the workload's topologySize); the nodes' count if absent.
+    topology_size: int
+    leader_node_name: str | None
+    #: In today's words (:func:`entry_phase`).
+    phase: str
+    #: ``allocatedAt``; None when absent or not an RFC 3339 time with a zone.
+    allocated_at: datetime | None
+    #: The entry as written, for the writer that rewrites the list (unknown fields kept).
+    raw: Mapping[str, Any] = field(compare=False, repr=False)
+
+    @property
+    def identity(self) -> tuple[str, int, str]:
+        """(workloadRef, ultraserverIndex, workloadId): how a release finds the entry again
+        ((workloadRef, ultraserverIndex) is the list's map key)."""
+        return (self.workload_ref, self.unit_index, self.workload_id)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    # Naive times cannot be compared with aware ones; the CRD says RFC 3339 (always zoned).
+    return parsed if parsed.tzinfo is not None else None
+
+
+def read_allocations(nus: Mapping[str, Any]) -> tuple[AllocationEntry, ...]:
+    """The allocation entries of one NeuronUltraServer object, in recorded order."""
+    status = nus.get("status")
+    entries = status.get("allocations") if isinstance(status, Mapping) else None
+    out = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        listed = entry.get("allocatedNodes")
+        nodes = tuple(n for n in listed if isinstance(n, str)) if isinstance(listed, list) else ()
+        leader = entry.get("leaderNodeName")
+        out.append(
+            AllocationEntry(
+                workload_ref=str(entry.get("workloadRef") or ""),
+                workload_id=str(entry.get("workloadId") or ""),
+                unit_index=_int(entry.get("ultraserverIndex")),
+                nodes=nodes,
+                topology_size=_int(entry.get("nodeCount")) or len(nodes) or 1,
+                leader_node_name=str(leader) if leader else None,
+                phase=entry_phase(entry),
+                allocated_at=_time(entry.get("allocatedAt")),
+                raw=entry,
+            )
+        )
+    return tuple(out)
+
+
 def reservations(nus: Mapping[str, Any]) -> list[Reservation]:
     """Every (node, unit) reservation recorded in one NeuronUltraServer object."""
     name = str((nus.get("metadata") or {}).get("name", ""))
-    out: list[Reservation] = []
-    for entry in (nus.get("status") or {}).get("allocations") or []:
-        nodes = [str(n) for n in entry.get("allocatedNodes") or []]
-        size = int(entry.get("nodeCount") or len(nodes) or 1)
-        for index, node in enumerate(nodes):
-            out.append(
-                Reservation(
-                    ultraserver=name,
-                    workload_ref=str(entry.get("workloadRef", "")),
-                    workload_id=str(entry.get("workloadId", "")),
-                    unit_index=int(entry.get("ultraserverIndex") or 0),
-                    topology_size=size,
-                    node_name=node,
-                    node_index=index,
-                    leader_node_name=entry.get("leaderNodeName"),
-                    phase=entry_phase(entry),
-                )
-            )
-    return out
+    return [
+        Reservation(
+            ultraserver=name,
+            workload_ref=entry.workload_ref,
+            workload_id=entry.workload_id,
+            unit_index=entry.unit_index,
+            topology_size=entry.topology_size,
+            node_name=node,
+            node_index=index,
+            leader_node_name=entry.leader_node_name,
+            phase=entry.phase,
+            allocated_at=entry.allocated_at,
+        )
+        for entry in read_allocations(nus)
+        for index, node in enumerate(entry.nodes)
+    ]
 
 
 def node_reservations(

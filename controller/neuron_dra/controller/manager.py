@@ -44,7 +44,7 @@ from neuron_dra.common.k8s.client import (
 from neuron_dra.common.k8s.leaderelection import LeaderElectionConfig, LeaderElector
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.k8s.workqueue import QueueMetrics, QueueShutDown, WorkQueue
-from neuron_dra.common.ultraserver import node_reservations, workload_id
+from neuron_dra.common.ultraserver import node_reservations, read_allocations, workload_id
 from neuron_dra.controller.caches import (
     DeviceClaimStore,
     NodeStore,
@@ -110,14 +110,7 @@ NUS_BY_HELD_NODE: Final = "manager/held-nodes"
 
 
 def _held_nodes(nus: JsonDict) -> list[str]:
-    status = nus.get("status")
-    entries = status.get("allocations") if isinstance(status, Mapping) else None
-    return [
-        str(n)
-        for e in (entries if isinstance(entries, list) else [])
-        if isinstance(e, Mapping) and isinstance(e.get("allocatedNodes"), list)
-        for n in e["allocatedNodes"]
-    ]
+    return [n for entry in read_allocations(nus) for n in entry.nodes]
 
 
 def _node_of_slice(obj: Mapping[str, Any]) -> str | None:

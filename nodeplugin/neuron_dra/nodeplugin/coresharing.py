@@ -37,8 +37,8 @@ from typing import Any, Final
 from neuron_dra.common.constants import (
     ATTR_LOGICAL_CORE_COUNT,
     CAPACITY_LOGICAL_CORES,
-    DEVICE_NAME_PREFIX,
     DRIVER_NAME,
+    device_name,
 )
 from neuron_dra.common.profiles import InstanceProfile
 from neuron_dra.common.quantity import parse_quantity
@@ -181,7 +181,7 @@ def read_shares(
         # Watching devices holds none of their cores.
         return share_ids, None
     devices = sorted({str(r.get("device")) for r in results})
-    what = ", ".join(f"{s.cores} of {DEVICE_NAME_PREFIX}{s.device}" for s in shares)
+    what = ", ".join(f"{s.cores} of {device_name(s.device)}" for s in shares)
     if len(shares) > 1 or len(devices) > 1:
         raise ShareError(
             f"it holds cores of a shared device ({what}) together with other devices "

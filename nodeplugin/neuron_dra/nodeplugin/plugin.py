@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from neuron_dra.common.constants import DRIVER_NAME, DRIVER_NAMESPACE, TAINT_EFFECT_NO_SCHEDULE
+from neuron_dra.common.constants import (
+    DRIVER_NAME,
+    DRIVER_NAMESPACE,
+    TAINT_EFFECT_NO_SCHEDULE,
+    device_name,
+)
 from neuron_dra.common.httpserver import HttpServer, load_web
 from neuron_dra.common.k8s.client import NODES, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
@@ -274,7 +279,7 @@ class KubeletPlugin:
             self.health.replace(
                 DeviceHealthReport(
                     pool_name=self.config.node_name,
-                    device_name=f"neurondevice{d.index}",
+                    device_name=device_name(d.index),
                     healthy=d.healthy,
                     last_updated=int(time.time()),
                     message="; ".join(d.unhealthy_reasons),

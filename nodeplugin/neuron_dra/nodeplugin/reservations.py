@@ -37,7 +37,6 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
 from neuron_dra.common.constants import DRIVER_NAMESPACE
@@ -51,6 +50,7 @@ from neuron_dra.common.ultraserver import (
     Reservation,
     UltraServerPeers,
     node_reservations,
+    read_allocations,
 )
 from neuron_dra.nodeplugin.publish.slices import WHOLE_NODE
 from prometheus_client import CollectorRegistry, Gauge
@@ -78,52 +78,20 @@ class ReservationError(RuntimeError):
 # --- pure decisions ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeEntry:
-    """One allocation entry naming this node, with what is needed to order entries."""
-
-    reservation: Reservation
-    #: ``allocatedAt`` of the entry, None when absent or unparsable.
-    allocated_at: datetime | None
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    # Naive times cannot be compared with aware ones; the CRD says RFC 3339 (always zoned).
-    return parsed if parsed.tzinfo is not None else None
-
-
-def node_entries(nus: Mapping[str, Any], node_name: str) -> tuple[NodeEntry, ...]:
+def node_entries(nus: Mapping[str, Any], node_name: str) -> tuple[Reservation, ...]:
     """The allocation entries of one NeuronUltraServer that name ``node_name``."""
-    # (workloadRef, ultraserverIndex) is the list-map key of status.allocations: unique.
-    times = {
-        (str(e.get("workloadRef", "")), int(e.get("ultraserverIndex") or 0)): _parse_time(
-            e.get("allocatedAt")
-        )
-        for e in (nus.get("status") or {}).get("allocations") or []
-        if isinstance(e, Mapping)
-    }
-    return tuple(
-        NodeEntry(r, times.get((r.workload_ref, r.unit_index)))
-        for r in node_reservations([nus], node_name)
-    )
+    return tuple(node_reservations([nus], node_name))
 
 
-def _sort_key(entry: NodeEntry) -> tuple[int, float, str, str, int]:
-    r = entry.reservation
+def _sort_key(r: Reservation) -> tuple[int, float, str, str, int]:
     # Entries without allocatedAt sort after dated ones; the names and the index make the
     # order total, so the choice never depends on watch-event order.
-    dated = entry.allocated_at is not None
-    stamp = entry.allocated_at.timestamp() if entry.allocated_at is not None else 0.0
+    dated = r.allocated_at is not None
+    stamp = r.allocated_at.timestamp() if r.allocated_at is not None else 0.0
     return (0 if dated else 1, stamp, r.ultraserver, r.workload_ref, r.unit_index)
 
 
-def choose_reservation(entries: Sequence[NodeEntry]) -> Reservation | None:
+def choose_reservation(entries: Sequence[Reservation]) -> Reservation | None:
     """The reservation in effect on the node: one entry, or the rule for an inconsistent record.
 
     The earliest allocated entry that is not ``Releasing`` wins: it is the one whose pods may
@@ -135,8 +103,8 @@ def choose_reservation(entries: Sequence[NodeEntry]) -> Reservation | None:
     if not entries:
         return None
     ordered = sorted(entries, key=_sort_key)
-    active = [e for e in ordered if e.reservation.phase != PHASE_RELEASING]
-    return (active or ordered)[0].reservation
+    active = [e for e in ordered if e.phase != PHASE_RELEASING]
+    return (active or ordered)[0]
 
 
 def workload_ids_for(reservation: Reservation | None) -> dict[int | str, str]:
@@ -164,14 +132,9 @@ def workload_leader(nus_objects: Iterable[Mapping[str, Any]], workload_id: str) 
     Only for an entry without ``leaderNodeName`` (the controller normally writes it).
     """
     for nus in nus_objects:
-        for e in (nus.get("status") or {}).get("allocations") or []:
-            if (
-                isinstance(e, Mapping)
-                and e.get("workloadId") == workload_id
-                and int(e.get("ultraserverIndex") or 0) == 0
-                and e.get("allocatedNodes")
-            ):
-                return str(e["allocatedNodes"][0])
+        for e in read_allocations(nus):
+            if e.workload_id == workload_id and e.unit_index == 0 and e.nodes:
+                return e.nodes[0]
     return None
 
 
@@ -224,8 +187,8 @@ class ReservationWatcher:
         )
         # Per NeuronUltraServer (store key): its entries naming this node. Kept per object so
         # an event costs one object's work, not a scan of every UltraServer.
-        self._by_object: dict[str, tuple[NodeEntry, ...]] = {}
-        self._entries: tuple[NodeEntry, ...] = ()
+        self._by_object: dict[str, tuple[Reservation, ...]] = {}
+        self._entries: tuple[Reservation, ...] = ()
         self._chosen: Reservation | None = None
         # Leader node name -> its resolved address, for the leaders of the current entries.
         self._leader_hosts: dict[str, str] = {}
@@ -272,7 +235,7 @@ class ReservationWatcher:
 
     def entries(self) -> tuple[Reservation, ...]:
         """Every entry naming this node (normally 0 or 1), in :func:`choose_reservation` order."""
-        return tuple(e.reservation for e in sorted(self._entries, key=_sort_key))
+        return tuple(sorted(self._entries, key=_sort_key))
 
     def reservation(self) -> Reservation | None:
         """The reservation in effect on this node (:func:`choose_reservation`), or None."""
@@ -298,10 +261,7 @@ class ReservationWatcher:
         """
         if workload_id is None:
             return None
-        match = next(
-            (e.reservation for e in self._entries if e.reservation.workload_id == workload_id),
-            None,
-        )
+        match = next((e for e in self._entries if e.workload_id == workload_id), None)
         if match is None:
             # The devices still carry the workload's tag (this node has not republished yet)
             # but no entry names this node for it any more: released or moved (RestartAll,
@@ -358,7 +318,7 @@ class ReservationWatcher:
                 "for %s until the record is fixed",
                 self.node_name,
                 len(entries),
-                ", ".join(_describe(e.reservation) for e in entries),
+                ", ".join(_describe(e) for e in entries),
                 _describe(self._chosen) if self._chosen is not None else "none",
                 extra={"node": self.node_name},
             )
@@ -376,11 +336,7 @@ class ReservationWatcher:
     # --- leader lookups ------------------------------------------------------------------
 
     def _refresh_lookups(self) -> None:
-        leaders = {
-            e.reservation.leader_node_name
-            for e in self._entries
-            if e.reservation.leader_node_name is not None
-        }
+        leaders = {e.leader_node_name for e in self._entries if e.leader_node_name is not None}
         # Forget leaders no longer referenced, so a later reservation looks its leader up
         # afresh instead of trusting an address cached for an earlier workload.
         for name in set(self._leader_hosts) - leaders:

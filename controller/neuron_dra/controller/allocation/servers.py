@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from neuron_dra.common.ultraserver import read_allocations
+
 from .units import NodeState, UltraServerState
 
 
@@ -18,11 +20,7 @@ def _link_down(entry: Mapping[str, Any]) -> bool:
 
 def allocation_records(nus: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(node, workloadRef) of every node an allocation entry of ``nus`` holds."""
-    return [
-        (str(node), str(entry.get("workloadRef", "")))
-        for entry in (nus.get("status") or {}).get("allocations") or []
-        for node in entry.get("allocatedNodes") or []
-    ]
+    return [(node, entry.workload_ref) for entry in read_allocations(nus) for node in entry.nodes]
 
 
 def members(nus: Mapping[str, Any]) -> list[str]:

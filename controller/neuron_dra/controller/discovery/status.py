@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from neuron_dra.common.events import EventType
+from neuron_dra.common.ultraserver import read_allocations
 
 from .fields import as_mapping
 from .spec import TopologyPlan
@@ -51,27 +52,17 @@ def join_names(items: Iterable[str], limit: int = 16) -> str:
     return head + (f" and {len(listed) - limit} more" if len(listed) > limit else "")
 
 
-def _allocations(nus: Mapping[str, Any]) -> list[Any]:
-    allocations = as_mapping(nus.get("status")).get("allocations")
-    return allocations if isinstance(allocations, list) else []
-
-
 def allocated_nodes(nus: Mapping[str, Any]) -> set[str]:
     """Node names held by any allocation (the workload reconciler's record)."""
-    out: set[str] = set()
-    for entry in _allocations(nus):
-        names = as_mapping(entry).get("allocatedNodes")
-        if isinstance(names, list):
-            out.update(n for n in names if isinstance(n, str))
-    return out
+    return {n for entry in read_allocations(nus) for n in entry.nodes}
 
 
 def allocation_refs(nus: Mapping[str, Any]) -> list[str]:
-    return sorted({str(as_mapping(a).get("workloadRef") or "?") for a in _allocations(nus)})
+    return sorted({entry.workload_ref or "?" for entry in read_allocations(nus)})
 
 
 def has_allocations(nus: Mapping[str, Any]) -> bool:
-    return len(_allocations(nus)) > 0
+    return len(read_allocations(nus)) > 0
 
 
 @dataclass(frozen=True)

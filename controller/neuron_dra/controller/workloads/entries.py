@@ -1,5 +1,7 @@
 """The reservation record: a workload's allocation entries in ``NeuronUltraServer.status``.
 
+The one writer of ``status.allocations`` (its one reader is ``common/ultraserver.py``'s
+``read_allocations``, which every change here reads the fresh object with).
 Reading it (``holdings``, ``split_holdings``) and the four changes the reconciler makes to
 it, each a pure function from the fresh NeuronUltraServer to the object to write back (None:
 nothing to change), run by ``update_with_retry`` on every attempt of one RV-guarded write:
@@ -16,7 +18,8 @@ from neuron_dra.common.ultraserver import (
     PHASE_BOUND,
     PHASE_PENDING,
     PHASE_RELEASING,
-    entry_phase,
+    AllocationEntry,
+    read_allocations,
 )
 from neuron_dra.controller.allocation.planner import Unit
 
@@ -24,7 +27,6 @@ from .model import (
     AllocationRaceError,
     Held,
     JsonDict,
-    entry_identity,
     meta_of,
     nus_members,
     status_of,
@@ -39,8 +41,8 @@ def holdings(nus_objects: Iterable[Mapping[str, Any]], ref: str) -> list[Held]:
     out = [
         Held(str(meta_of(nus).get("name", "")), entry)
         for nus in nus_objects
-        for entry in status_of(nus).get("allocations") or []
-        if isinstance(entry, Mapping) and entry.get("workloadRef") == ref
+        for entry in read_allocations(nus)
+        if entry.workload_ref == ref
     ]
     return sorted(out, key=lambda h: (h.index, h.ultraserver))
 
@@ -108,25 +110,24 @@ def add_entries(
         }
 
     def mutate(nus: JsonDict) -> JsonDict | None:
-        allocations = [dict(e) for e in status_of(nus).get("allocations") or []]
+        current = read_allocations(nus)
+        allocations = [dict(e.raw) for e in current]
         members = nus_members(nus)
         added = False
         for unit in units:
             taken: dict[str, str] = {}
             recorded = False
-            for e in allocations:
-                if e.get("workloadRef") == ref and e.get("ultraserverIndex") == unit.index:
-                    if e.get("workloadId") == wid and list(e.get("allocatedNodes") or []) == list(
-                        unit.nodes
-                    ):
+            for e in current:
+                if e.workload_ref == ref and e.unit_index == unit.index:
+                    if e.workload_id == wid and e.nodes == tuple(unit.nodes):
                         recorded = True  # already recorded (a retry after a lost response)
                         break
                     raise AllocationRaceError(
                         f"unit {unit.index} of {ref} is already recorded on "
                         f"{unit.ultraserver} with other nodes"
                     )
-                for n in e.get("allocatedNodes") or []:
-                    taken[str(n)] = str(e.get("workloadRef"))
+                for n in e.nodes:
+                    taken[n] = e.workload_ref
             if recorded:
                 continue
             gone = [n for n in unit.nodes if n not in members]
@@ -152,9 +153,9 @@ def remove_entries(identities: set[tuple[str, int, str]]) -> Mutation:
     """Drop the entries with these (workloadRef, index, workloadId)."""
 
     def mutate(nus: JsonDict) -> JsonDict | None:
-        allocations = [dict(e) for e in status_of(nus).get("allocations") or []]
-        kept = [e for e in allocations if entry_identity(e) not in identities]
-        if len(kept) == len(allocations):
+        current = read_allocations(nus)
+        kept = [dict(e.raw) for e in current if e.identity not in identities]
+        if len(kept) == len(current):
             return None
         nus["status"] = nus_status_with(nus, kept)
         return nus
@@ -169,9 +170,9 @@ def mark_releasing(identities: set[tuple[str, int, str]]) -> Mutation:
     def mutate(nus: JsonDict) -> JsonDict | None:
         allocations = []
         changed = False
-        for existing in status_of(nus).get("allocations") or []:
-            e = dict(existing)
-            if entry_identity(e) in identities and e.get("phase") != PHASE_RELEASING:
+        for existing in read_allocations(nus):
+            e = dict(existing.raw)
+            if existing.identity in identities and e.get("phase") != PHASE_RELEASING:
                 e["phase"] = PHASE_RELEASING
                 changed = True
             allocations.append(e)
@@ -189,26 +190,25 @@ def tidy_entries(ref: str, wid: str, *, leader: str, publishes: Callable[[str], 
     ``publishes`` the workload's tag, and respell the phases of earlier versions
     (``Reserved``, ``Active``) in today's words."""
 
-    def fix(e: Mapping[str, Any]) -> JsonDict | None:
-        if e.get("workloadRef") != ref or e.get("workloadId") != wid:
+    def fix(e: AllocationEntry) -> JsonDict | None:
+        if e.workload_ref != ref or e.workload_id != wid:
             return None
-        want = dict(e)
+        want = dict(e.raw)
         want["leaderNodeName"] = leader
-        nodes = [str(n) for n in e.get("allocatedNodes") or []]
-        phase = entry_phase(e)
-        if phase == PHASE_PENDING and all(publishes(n) for n in nodes):
+        phase = e.phase
+        if phase == PHASE_PENDING and all(publishes(n) for n in e.nodes):
             phase = PHASE_BOUND
-        if phase != e.get("phase"):
+        if phase != e.raw.get("phase"):
             want["phase"] = phase
-        return want if want != dict(e) else None
+        return want if want != dict(e.raw) else None
 
     def mutate(nus: JsonDict) -> JsonDict | None:
         allocations = []
         changed = False
-        for e in status_of(nus).get("allocations") or []:
+        for e in read_allocations(nus):
             new = fix(e)
             changed |= new is not None
-            allocations.append(new if new is not None else dict(e))
+            allocations.append(new if new is not None else dict(e.raw))
         if not changed:
             return None
         nus["status"] = nus_status_with(nus, allocations)

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neuron_dra.common.constants import LABEL_WORKLOAD_ID
 from neuron_dra.common.k8s.client import object_key
-from neuron_dra.common.ultraserver import workload_id
+from neuron_dra.common.ultraserver import AllocationEntry, read_allocations, workload_id
 from neuron_dra.controller.allocation.planner import Unit
 
 JsonDict = dict[str, Any]
@@ -178,19 +178,19 @@ class Held:
     """One allocation entry of a workload, as recorded in a NeuronUltraServer's status."""
 
     ultraserver: str
-    entry: Mapping[str, Any]
+    entry: AllocationEntry
 
     @property
     def index(self) -> int:
-        return int(self.entry.get("ultraserverIndex") or 0)
+        return self.entry.unit_index
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        return tuple(str(n) for n in self.entry.get("allocatedNodes") or [])
+        return self.entry.nodes
 
     @property
     def workload_id(self) -> str:
-        return str(self.entry.get("workloadId") or "")
+        return self.entry.workload_id
 
     @property
     def unit(self) -> Unit:
@@ -199,15 +199,7 @@ class Held:
     @property
     def identity(self) -> tuple[str, int, str]:
         """(workloadRef, index, workloadId): how a release finds the entry again."""
-        return entry_identity(self.entry)
-
-
-def entry_identity(entry: Mapping[str, Any]) -> tuple[str, int, str]:
-    return (
-        str(entry.get("workloadRef")),
-        int(entry.get("ultraserverIndex") or 0),
-        str(entry.get("workloadId") or ""),
-    )
+        return self.entry.identity
 
 
 # --- cache indexes --------------------------------------------------------------------------
@@ -215,11 +207,7 @@ def entry_identity(entry: Mapping[str, Any]) -> tuple[str, int, str]:
 
 def allocation_refs(nus: Mapping[str, Any]) -> list[str]:
     """The workloadRef of every allocation entry of ``nus`` (index ``NUS_BY_WORKLOAD``)."""
-    return [
-        str(e.get("workloadRef"))
-        for e in status_of(nus).get("allocations") or []
-        if isinstance(e, Mapping)
-    ]
+    return [e.workload_ref for e in read_allocations(nus)]
 
 
 def claim_workload(claim: JsonDict) -> list[str]:

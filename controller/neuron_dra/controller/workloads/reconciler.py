@@ -17,6 +17,7 @@ from typing import Any
 from neuron_dra.common.constants import FINALIZER_WORKLOAD
 from neuron_dra.common.k8s.client import object_key
 from neuron_dra.common.k8s.writes import has_finalizer
+from neuron_dra.common.ultraserver import read_allocations
 from neuron_dra.controller.context import ControllerContext
 
 from .allocate import allocate
@@ -32,7 +33,6 @@ from .model import (
     fifo_key,
     is_deleting,
     state_of,
-    status_of,
 )
 from .orphans import delete_orphan_claims, release_orphans
 from .release import deallocate
@@ -139,11 +139,7 @@ class WorkloadReconciler:
 
     def keys_for_ultraserver(self, nus: Mapping[str, Any]) -> set[str]:
         """Workloads named in ``nus``'s allocations (they react to its changes)."""
-        return {
-            str(e.get("workloadRef"))
-            for e in status_of(nus).get("allocations") or []
-            if isinstance(e, Mapping) and e.get("workloadRef")
-        }
+        return {e.workload_ref for e in read_allocations(nus) if e.workload_ref}
 
     def pending_keys(self) -> list[str]:
         """Workloads waiting for capacity, first come first: requeue them when capacity may

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
-from neuron_dra.common.constants import NODE_DEVICE_NAME
+from neuron_dra.common.constants import NODE_DEVICE_NAME, device_index
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.discovery.facts import inventory_profile, node_default_lnc
 from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
@@ -222,10 +222,10 @@ def cdi_spec_for(
 
 
 def _own_index(device: str) -> tuple[int, ...]:
-    digits = device.removeprefix("neurondevice")
-    if not digits.isdigit():
+    index = device_index(device)
+    if index is None:
         raise CdiError(f"unexpected device name {device!r}")
-    return (int(digits),)
+    return (index,)
 
 
 # --- edge: spec files ----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ kubelet shows it in the pod's events while the pod sits in ContainerCreating.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -28,10 +27,10 @@ from neuron_dra.common.constants import (
     ATTR_INSTANCE_TYPE,
     ATTR_ULTRASERVER_MODES,
     ATTR_WORKLOAD_ID,
-    DEVICE_NAME_PREFIX,
     DRIVER_NAME,
     LABEL_WORKLOAD_ID,
     NODE_DEVICE_NAME,
+    device_index,
     device_name,
     parse_ultraserver_modes,
 )
@@ -56,8 +55,6 @@ if TYPE_CHECKING:
 
 SOURCE_CLASS: Final = "FromClass"
 SOURCE_CLAIM: Final = "FromClaim"
-
-_DEVICE_NAME = re.compile(re.escape(DEVICE_NAME_PREFIX) + r"(0|[1-9][0-9]*)")
 
 
 def load_config_models() -> None:
@@ -196,7 +193,7 @@ def published_facts(published: Mapping[str, Mapping[str, Any]]) -> NodeFacts:
     )
     return NodeFacts(
         profile=profile,
-        device_indices=frozenset(i for name in published if (i := _device_index(name)) is not None),
+        device_indices=frozenset(i for name in published if (i := device_index(name)) is not None),
         ultraserver_node_counts=parse_ultraserver_modes(modes),
         ultraserver_elected=None,
     )
@@ -282,11 +279,6 @@ def _single_value(
             f"share one container environment, so use one {what} value"
         )
     return next(iter(values), None)
-
-
-def _device_index(name: str) -> int | None:
-    m = _DEVICE_NAME.fullmatch(name)
-    return int(m.group(1)) if m else None
 
 
 def plan_claim(
@@ -384,7 +376,7 @@ def plan_claim_on(
         workload_id = _check_workload(key, meta, by_device, indices, published)
     try:
         share_ids, share = read_shares(
-            ours, published, _device_index, profile=profile, lnc=lnc, admin=admin_access
+            ours, published, device_index, profile=profile, lnc=lnc, admin=admin_access
         )
     except ShareError as exc:
         raise ClaimError(f"claim {key}: {exc}") from None
@@ -449,7 +441,7 @@ def _planned_devices(
 
 
 def _device_sort_key(name: str) -> tuple[int, int, str]:
-    index = _device_index(name)
+    index = device_index(name)
     return (0, index, name) if index is not None else (1, 0, name)
 
 
@@ -470,7 +462,7 @@ def _device_indices(
         if device == NODE_DEVICE_NAME:
             indices |= present
             continue
-        index = _device_index(device)
+        index = device_index(device)
         if index is None or index not in present:
             raise ClaimError(
                 f"claim {key}: device {device} is not present on node {node}; "

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_dra.common.constants import NODE_DEVICE_NAME
+from neuron_dra.common.constants import NODE_DEVICE_NAME, device_index
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 
@@ -216,8 +216,8 @@ def _claims(uids: Iterable[str], by_uid: Mapping[str, NeuronClaim]) -> str:
 def _indices_of(device: str, all_indices: Sequence[int]) -> tuple[int, ...]:
     if device == NODE_DEVICE_NAME:
         return tuple(all_indices)
-    digits = device.removeprefix("neurondevice")
-    return (int(digits),) if digits.isdigit() else ()
+    index = device_index(device)
+    return (index,) if index is not None else ()
 
 
 def neuron_claims(

@@ -36,6 +36,7 @@ from neuron_dra.common.constants import (
     METADATA_ATTR_ULTRASERVER_SERVER_ID,
     METADATA_ATTR_ULTRASERVER_SERVER_NODE_ID,
     METADATA_ATTR_VISIBLE_CORES,
+    device_index,
 )
 from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient, PatchType
 from neuron_dra.common.k8s.clock import Clock, SystemClock
@@ -91,9 +92,9 @@ CheckpointProvider = Callable[[], ckpt.Checkpoint]
 
 def _data(env: Mapping[str, str], device_name: str) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    digits = device_name.removeprefix("neurondevice")
-    if digits.isdigit():
-        data["deviceId"] = int(digits)
+    index = device_index(device_name)
+    if index is not None:
+        data["deviceId"] = index
     for key, var, integer in _DATA_FROM_ENV:
         value = env.get(var)
         if value is not None:

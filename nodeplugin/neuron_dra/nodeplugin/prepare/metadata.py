@@ -209,7 +209,10 @@ def device_runtime_attributes(
     if device == c.NODE_DEVICE_NAME:
         indices: tuple[int, ...] = plan.device_indices
     else:
-        indices = (int(device.removeprefix(c.DEVICE_NAME_PREFIX)),)
+        index = c.device_index(device)
+        if index is None:
+            raise ValueError(f"unexpected device name {device!r}")
+        indices = (index,)
     out = {c.METADATA_ATTR_VISIBLE_CORES: _str(visible_cores(indices, per_device))}
     if device != c.NODE_DEVICE_NAME:
         out[c.ATTR_LOGICAL_CORE_COUNT] = _int(per_device)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from neuron_dra.common.constants import device_index
+
 
 def render_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """Columns aligned the way ``kubectl get`` prints them."""
@@ -25,8 +27,8 @@ def core_count(ranges: str) -> int:
 
 
 def device_order(name: str) -> tuple[int, str]:
-    digits = name.removeprefix("neurondevice")
-    return (int(digits), "") if digits.isdigit() else (-1, name)
+    index = device_index(name)
+    return (index, "") if index is not None else (-1, name)
 
 
 def compact_devices(names: Iterable[str]) -> str:
