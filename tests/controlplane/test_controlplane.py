@@ -36,7 +36,7 @@ from neuron_dra.sim.controlplane import (
     ensure_device_classes,
 )
 from neuron_dra.sim.controlplane.claims import generate_name
-from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 
 DRIVER = "neuron.aws.com"

@@ -14,7 +14,7 @@ from neuron_dra.sim.controlplane.placement import (
     PlacedPod,
     feasible_nodes,
 )
-from neuron_dra.sim.controlplane.workloads import exclusive_topology_affinity
+from neuron_dra.sim.controlplane.podsets import exclusive_topology_affinity
 
 US_LABEL = "neuron.amazonaws.com/ultraserver-server-id-4"
 

@@ -14,7 +14,7 @@ import pytest_asyncio
 from e2e.operator import NAME, NS, allocated, deployment, ranks, seed_workload, state
 from e2e.reset import reset
 from neuron_dra.sim.commands.walkthrough import Walkthrough
-from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
 from neuron_dra.sim.worlds import cluster_kwargs, own_control_plane
 

@@ -7,7 +7,11 @@ import copy
 from typing import Any
 
 import pytest
-from neuron_dra.common.constants import ATTR_LOGICAL_CORE_COUNT, CAPACITY_LOGICAL_CORES
+from neuron_dra.common.constants import (
+    ATTR_LOGICAL_CORE_COUNT,
+    CAPACITY_LOGICAL_CORES,
+    device_index,
+)
 from neuron_dra.common.profiles import PROFILES
 from neuron_dra.nodeplugin.coresharing import (
     ShareError,
@@ -18,7 +22,6 @@ from neuron_dra.nodeplugin.coresharing import (
     without_sharing,
 )
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
-from neuron_dra.nodeplugin.prepare.claims import _device_index
 from neuron_dra.nodeplugin.publish import gated
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.validation.consumable import gate_consumable_capacity
@@ -160,7 +163,7 @@ def result(device: str, cores: str | None, share: str = "", request: str = "r") 
 
 
 def read(results: list[dict[str, Any]], *, lnc: int | None = None, admin: bool = False) -> Any:
-    return read_shares(results, published(), _device_index, profile=TRN2, lnc=lnc, admin=admin)
+    return read_shares(results, published(), device_index, profile=TRN2, lnc=lnc, admin=admin)
 
 
 SHARE_A = "0e9a8b6c-1d2e-4f30-8a4b-5c6d7e8f9012"
@@ -190,7 +193,7 @@ def test_a_share_of_unknown_size_is_taken_whole() -> None:
     _, share = read_shares(
         [result("neurondevice3", "1", SHARE_A)],
         {"neurondevice3": {}},
-        _device_index,
+        device_index,
         profile=TRN2,
         lnc=None,
         admin=False,

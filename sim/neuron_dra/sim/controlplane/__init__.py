@@ -21,7 +21,7 @@ from neuron_dra.sim.controlplane.claims import ClaimController
 from neuron_dra.sim.controlplane.cluster import ControlPlane, ensure_device_classes
 from neuron_dra.sim.controlplane.kubelet import SimKubelet, container_cdi_devices
 from neuron_dra.sim.controlplane.scheduler import Scheduler
-from neuron_dra.sim.controlplane.workloads import Group, PodSet, ReplicaSet
+from neuron_dra.sim.controlplane.podsets import Group, PodSet, ReplicaSet
 
 __all__ = [
     "CDI_DEVICES_ANNOTATION",

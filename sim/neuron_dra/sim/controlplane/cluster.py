@@ -25,7 +25,7 @@ from .base import JsonDict, Loop
 from .claims import ClaimController
 from .kubelet import SimKubelet
 from .scheduler import Scheduler
-from .workloads import RECREATE_GROUP, Group, PodSet, ReplicaSet, from_manifest
+from .podsets import RECREATE_GROUP, Group, PodSet, ReplicaSet, from_manifest
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class ControlPlane:
 
     async def run(self, manifest: Mapping[str, Any], namespace: str = "default") -> PodSet:
         """Start the controller for a Deployment or LeaderWorkerSet manifest
-        (:func:`.workloads.from_manifest`), stopped with the control plane."""
+        (:func:`.podsets.from_manifest`), stopped with the control plane."""
         workload = from_manifest(self.kube, manifest, namespace)
         await workload.start()
         self.workloads.append(workload)

@@ -48,7 +48,7 @@ from neuron_dra.sim.controlplane import (
     ControlPlane,
     ensure_device_classes,
 )
-from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, shared_control_plane
 from neuron_dra.sim.realnode.podspec import for_real_nodes

@@ -12,7 +12,7 @@ from typing import Any
 from neuron_dra.common.constants import DRIVER_NAMESPACE
 from neuron_dra.sim.controlplane import CDI_DEVICES_ANNOTATION
 from neuron_dra.sim.controlplane.base import is_active
-from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.controlplane.podsets import PodSet
 
 from .containers import ContainerDevices, load_specs, resolve
 from .mirror import ClusterReader

@@ -157,7 +157,7 @@ async def ensure_namespace(kube: KubeClient, name: str) -> None:
 
 class Deployment:
     """A real ``apps/v1`` Deployment, run by the real controller-manager, with the calls the
-    simulated :class:`~neuron_dra.sim.controlplane.workloads.ReplicaSet` offers."""
+    simulated :class:`~neuron_dra.sim.controlplane.podsets.ReplicaSet` offers."""
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import yaml
 from neuron_dra.common import constants as c
 from neuron_dra.sim.commands.walkthrough.tables import device_order, render_table
-from neuron_dra.sim.controlplane.workloads import PodSet
+from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster
 
