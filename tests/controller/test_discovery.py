@@ -27,6 +27,7 @@ from neuron_dra.common.k8s.client import (
     RESOURCE_SLICES,
     KubeClient,
 )
+from neuron_dra.common.profiles import UltraServerMode
 from neuron_dra.controller.context import REPORTING_CONTROLLER, ControllerContext
 from neuron_dra.controller.discovery import (
     ANNOTATION_ULTRASERVER_ID,
@@ -47,7 +48,6 @@ from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.faults import RequestInfo

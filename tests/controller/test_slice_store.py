@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.controller import workloads
 from neuron_dra.controller.caches import NodeStore, SliceStore, slim_node, slim_slice
 from neuron_dra.controller.discovery import group_ultraservers, node_state, slice_ultraserver_id
@@ -13,7 +13,6 @@ from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 

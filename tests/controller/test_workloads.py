@@ -42,6 +42,7 @@ from neuron_dra.common.k8s.client import (
 from neuron_dra.common.k8s.errors import KubeError
 from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.models.crds import NeuronUltraServer, NeuronUltraServerWorkload
+from neuron_dra.common.profiles import UltraServerMode
 from neuron_dra.common.ultraserver import (
     AllocationEntry,
     node_reservations,
@@ -73,7 +74,6 @@ from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.slices import WHOLE_NODE, build_resource_slices
 from neuron_dra.sim.fakeapi.faults import RequestInfo

@@ -13,18 +13,16 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from neuron_dra.common.profiles import PROFILES, connected_groups
+from neuron_dra.common.profiles import PROFILES, UltraServerMode, connected_groups
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
+from neuron_dra.nodeplugin.prepare import cdi
 from neuron_dra.nodeplugin.prepare.cdi import (
     cdi_device_ids,
-    cdi_spec_for,
-    claim_env,
     list_cdi_specs,
     remove_cdi_spec,
     runtime_ultraserver_mode,
@@ -32,6 +30,17 @@ from neuron_dra.nodeplugin.prepare.cdi import (
     write_cdi_spec,
 )
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
+
+
+def cdi_spec_for(plan: ClaimPlan, inventory: NodeInventory, **kw: Any) -> dict[str, Any]:
+    """The spec on a node with this inventory (Prepare reads it through PrepareNode)."""
+    return cdi.cdi_spec_for(plan, PrepareNode(inventory), **kw)
+
+
+def claim_env(plan: ClaimPlan, inventory: NodeInventory, **kw: Any) -> dict[str, str]:
+    return cdi.claim_env(plan, PrepareNode(inventory), **kw)
+
 
 NODE = "ip-10-0-0-1"
 UID = "c0ffee00-1111-4222-8333-444455556666"  # letter first

@@ -9,21 +9,25 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from neuron_dra.common.profiles import PROFILES, UnknownInstanceType, connected_groups
+from neuron_dra.common.profiles import (
+    PROFILES,
+    UltraServerMode,
+    UnknownInstanceType,
+    connected_groups,
+)
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.prepare.claims import (
     ClaimError,
     ClaimPlan,
-    inventory_facts,
     plan_claim,
     plan_claim_on,
     published_facts,
 )
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
 NODE = "ip-1-1-1-1.region.compute.internal"
@@ -130,7 +134,9 @@ def plan(
     published: dict[str, dict[str, Any]] | None = None,
 ) -> ClaimPlan:
     return plan_claim(
-        claim, inventory=inv, published=published if published is not None else published_for(inv)
+        claim,
+        node=PrepareNode(inv),
+        published=published if published is not None else published_for(inv),
     )
 
 
@@ -524,7 +530,7 @@ def test_published_facts_are_the_inventorys(name: str, ultraserver: UltraServerI
     inv = make_inventory(name, ultraserver=ultraserver)
     from_slice = published_facts(published_for(inv))
     # Only the election cannot be read back: the slice has no 2-node ids.
-    assert from_slice == dataclasses.replace(inventory_facts(inv), ultraserver_elected=None)
+    assert from_slice == dataclasses.replace(PrepareNode(inv).facts(), ultraserver_elected=None)
 
 
 def test_published_facts_need_one_known_instance_type() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from neuron_dra.nodeplugin.coresharing import ShareRequest
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import containers as c
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.shares import ShareRequest
 
 
 def plan(name: str, devices: dict[str, list[int]], *, lnc: int | None = None) -> ClaimPlan:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from neuron_dra.nodeplugin.coresharing import ShareRequest
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import cores
@@ -18,6 +17,7 @@ from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
 from neuron_dra.nodeplugin.prepare.cdi import ENV_VISIBLE_CORES
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.shares import ShareRequest
 
 NODE = "trn2-node-0"
 SPEC: dict[str, Any] = {

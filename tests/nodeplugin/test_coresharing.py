@@ -1,5 +1,5 @@
-"""Core sharing, the published side and the reading of allocations (coresharing.py), and the
-publisher against a server that drops it (publish/gated.py)."""
+"""Core sharing, the published side (publish/coresharing.py) and the reading of allocations
+(prepare/shares.py), and the publisher against a server that drops it (publish/gated.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,16 @@ import pytest
 from neuron_dra.common.constants import (
     ATTR_LOGICAL_CORE_COUNT,
     CAPACITY_LOGICAL_CORES,
-    device_index,
 )
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.nodeplugin.coresharing import (
-    ShareError,
-    ShareRequest,
-    read_shares,
+from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
+from neuron_dra.nodeplugin.prepare.shares import ShareError, ShareRequest, read_shares
+from neuron_dra.nodeplugin.publish import gated
+from neuron_dra.nodeplugin.publish.coresharing import (
     share_sizes,
     sharing_dropped,
     without_sharing,
 )
-from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
-from neuron_dra.nodeplugin.publish import gated
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.validation.consumable import gate_consumable_capacity
 
@@ -163,7 +160,7 @@ def result(device: str, cores: str | None, share: str = "", request: str = "r") 
 
 
 def read(results: list[dict[str, Any]], *, lnc: int | None = None, admin: bool = False) -> Any:
-    return read_shares(results, published(), device_index, profile=TRN2, lnc=lnc, admin=admin)
+    return read_shares(results, published(), profile=TRN2, lnc=lnc, admin=admin)
 
 
 SHARE_A = "0e9a8b6c-1d2e-4f30-8a4b-5c6d7e8f9012"
@@ -193,7 +190,6 @@ def test_a_share_of_unknown_size_is_taken_whole() -> None:
     _, share = read_shares(
         [result("neurondevice3", "1", SHARE_A)],
         {"neurondevice3": {}},
-        device_index,
         profile=TRN2,
         lnc=None,
         admin=False,

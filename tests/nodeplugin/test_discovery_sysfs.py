@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from neuron_dra.common.profiles import UltraServerMode
 from neuron_dra.nodeplugin.discovery import sysfs
 from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, write_emulated_tree
-from neuron_dra.nodeplugin.discovery.model import HealthFault, NodeInventory, UltraServerMode
+from neuron_dra.nodeplugin.discovery.model import HealthFault, NodeInventory
 from neuron_dra.nodeplugin.discovery.sysfs import load_efa_map, scan
 
 LABEL = "node.kubernetes.io/instance-type"

@@ -7,7 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
-from neuron_dra.common.profiles import PROFILES, Topology, profile_for, torus_neighbours
+from neuron_dra.common.profiles import (
+    PROFILES,
+    Topology,
+    UltraServerMode,
+    profile_for,
+    torus_neighbours,
+)
 from neuron_dra.nodeplugin.discovery import emulation
 from neuron_dra.nodeplugin.discovery.emulation import (
     EmulatedPaths,
@@ -15,7 +21,7 @@ from neuron_dra.nodeplugin.discovery.emulation import (
     set_election_busy,
     write_emulated_tree,
 )
-from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerInfo, UltraServerMode
+from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerInfo
 from neuron_dra.nodeplugin.discovery.sysfs import EMULATION_MARKER, load_efa_map, scan
 
 ALL_TYPES = sorted(PROFILES)

@@ -10,28 +10,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     PciLocation,
     UltraServerInfo,
-    UltraServerMode,
 )
+from neuron_dra.nodeplugin.prepare import cdi, claimfiles
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import metadata as md
-from neuron_dra.nodeplugin.prepare.cdi import cdi_spec_for, claim_env, spec_file_name
+from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
 from neuron_dra.nodeplugin.prepare.claimfiles import (
     ClaimContent,
     ClaimFiles,
-    build,
     metadata_claims,
     metadata_files_exist,
     remove_metadata_files,
     write_metadata_files,
 )
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
 NODE = "ip-10-0-0-1"
@@ -122,7 +122,19 @@ def documents(p: ClaimPlan, inv: NodeInventory, **kw: Any) -> dict[str, dict[str
     kw.setdefault("topology", None)
     kw.setdefault("published", published(inv))
     kw.setdefault("pod_claim_name", "neurons")
-    return md.documents(p, inventory=inv, driver=DRIVER, pool=NODE, **kw)
+    return md.documents(p, node=PrepareNode(inv), driver=DRIVER, pool=NODE, **kw)
+
+
+def cdi_spec_for(p: ClaimPlan, inv: NodeInventory) -> dict[str, Any]:
+    return cdi.cdi_spec_for(p, PrepareNode(inv))
+
+
+def claim_env(p: ClaimPlan, inv: NodeInventory, **kw: Any) -> dict[str, str]:
+    return cdi.claim_env(p, PrepareNode(inv), **kw)
+
+
+def build(p: ClaimPlan, inv: NodeInventory, **kw: Any) -> ClaimContent:
+    return claimfiles.build(p, PrepareNode(inv), **kw)
 
 
 def devices_of(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

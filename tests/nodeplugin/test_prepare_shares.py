@@ -22,6 +22,7 @@ from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.nodeplugin.prepare.budget import PrepareLimits
 from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
@@ -66,7 +67,7 @@ class Env:
             node_name=NODE,
             cdi_root=self.root / "cdi",
             checkpoint_path=self.root / "plugins" / DRIVER / "checkpoint.json",
-            inventory=lambda: self.inventory,
+            node=lambda: PrepareNode(self.inventory),
             published=lambda: self.published,
             clock=InstantClock(start=1000.0),
             boot_id_path=self.root / "boot_id",

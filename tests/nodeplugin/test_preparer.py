@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.profiles import PROFILES
-from neuron_dra.common.ultraserver import UltraServerPeers
+from neuron_dra.common.ultraserver import ReservationError, UltraServerPeers
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
@@ -34,10 +34,10 @@ from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.nodeplugin.prepare.budget import PrepareLimits
 from neuron_dra.nodeplugin.prepare.cdi import spec_file_name, write_cdi_spec
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimFiles, write_metadata_files
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.prepare.nodelock import NodeLock, NodeLockTimeout
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
-from neuron_dra.nodeplugin.reservations import ReservationError
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from prometheus_client import CollectorRegistry
 
@@ -127,7 +127,7 @@ class Env:
             node_name=NODE,
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,
-            inventory=lambda: self.inventory,
+            node=lambda: PrepareNode(self.inventory),
             published=lambda: self.published,
             clock=self.clock,
             boot_id_path=self.boot_id_file,

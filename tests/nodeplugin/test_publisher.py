@@ -36,14 +36,13 @@ from neuron_dra.common.constants import (
 from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.common.k8s.clock import InstantClock
 from neuron_dra.common.k8s.workqueue import ExponentialBackoff
-from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.nodeplugin.discovery.model import (
     FailureClass,
     HealthFault,
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.labelplan import node_label_patch
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics

@@ -29,17 +29,22 @@ from neuron_dra.common.constants import (
 )
 from neuron_dra.common.k8s.client import KubeClient, object_key
 from neuron_dra.common.k8s.clock import InstantClock
-from neuron_dra.common.ultraserver import Reservation, UltraServerPeers, workload_id
+from neuron_dra.common.ultraserver import (
+    Reservation,
+    ReservationError,
+    UltraServerPeers,
+    workload_id,
+)
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
 from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.publisher import SlicePublisher
 from neuron_dra.nodeplugin.reservations import (
     LookupPolicy,
-    ReservationError,
     ReservationWatcher,
     choose_reservation,
     node_address,
@@ -504,7 +509,7 @@ async def test_tags_follow_the_record_and_prepare_uses_them(env: Env, tmp_path: 
         node_name=NODE,
         cdi_root=tmp_path / "cdi",
         checkpoint_path=tmp_path / "plugin" / "checkpoint.json",
-        inventory=lambda: inventory,
+        node=lambda: PrepareNode(inventory),
         published=publisher.published_devices,
         topology=watcher.topology,
         registry=CollectorRegistry(),

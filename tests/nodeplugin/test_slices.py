@@ -22,14 +22,13 @@ from neuron_dra.common.constants import (
     LABEL_ULTRASERVER_SERVER_ID_4,
     MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
 )
-from neuron_dra.common.profiles import PROFILES, connected_groups
+from neuron_dra.common.profiles import PROFILES, UltraServerMode, connected_groups
 from neuron_dra.nodeplugin.discovery.facts import InventoryError
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     PciLocation,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.labelplan import ultraserver_node_labels
 from neuron_dra.nodeplugin.publish.slices import (

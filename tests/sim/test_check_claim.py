@@ -18,14 +18,14 @@ from neuron_dra.common.deviceclasses import (
     ULTRASERVER_CLASS_EXPRESSION,
     default_device_classes,
 )
-from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.prepare.claims import ClaimError, plan_claim
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.allocation import AllocatedDevice, AllocationResult
 from neuron_dra.sim.cli import main
@@ -626,7 +626,7 @@ def verdicts(
     }
     published = {d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]}
     try:
-        plan_claim(claim, inventory=inv, published=published)
+        plan_claim(claim, node=PrepareNode(inv), published=published)
         prepare = None
     except ClaimError as exc:
         prepare = exc.message.removeprefix(f"claim {namespace}/{name}: ")

@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from neuron_dra.common.profiles import PROFILES
+from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.allocation import (

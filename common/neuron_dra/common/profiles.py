@@ -16,6 +16,21 @@ from dataclasses import dataclass, field
 GIB = 1024**3
 
 
+class UltraServerMode(enum.IntEnum):
+    """The Neuron driver's UltraServer mode enum, not a node count: the values of its
+    ``ultraserver_mode`` sysfs file (discovery reads them) and of the runtime's
+    ``NEURON_RT_ULTRASERVER_MODE`` (Prepare sets it)."""
+
+    X4 = 1  # 4 nodes
+    X2H = 2  # 2 nodes over horizontal links
+    X2V = 3  # 2 nodes over vertical links
+    X1 = 4  # single node
+
+    @property
+    def node_count(self) -> int:
+        return {UltraServerMode.X4: 4, UltraServerMode.X2H: 2, UltraServerMode.X2V: 2}.get(self, 1)
+
+
 class Topology(enum.StrEnum):
     """How the Neuron devices of one instance are linked."""
 

@@ -106,6 +106,17 @@ class UltraServerPeers:
         return global_topo_id(self.ultraserver_index, self.topology_size, self.node_index)
 
 
+class ReservationError(RuntimeError):
+    """A node's part in a claim's workload cannot be told (the other answer of the plugin's
+    topology provider besides :class:`UltraServerPeers`). ``retryable``: the controller has
+    not completed the record yet, and a later Prepare succeeds once it has; otherwise the
+    devices' workload tag is stale and the claim must move (the controller moves it)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
 @dataclass(frozen=True)
 class AllocationEntry:
     """One entry of ``NeuronUltraServer.status.allocations``: one unit of a workload.

@@ -53,6 +53,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
 )
 from neuron_dra.nodeplugin.prepare.claims import load_config_models
 from neuron_dra.nodeplugin.prepare.devicestatus import DeviceStatusWriter, StatusReportingBackend
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.prepare.preparer import Preparer
 from neuron_dra.nodeplugin.publish.metrics import PublisherMetrics
 from neuron_dra.nodeplugin.publish.nodelabels import NodeLabeller
@@ -120,7 +121,7 @@ class PluginConfig:
     #: their pods too); None publishes no taints (the ``healthy`` attribute stays either way).
     device_taint_effect: str | None = TAINT_EFFECT_NO_SCHEDULE
     #: Publish the devices for claims on some of their cores (consumable capacity; opt-in,
-    #: since every allocation of such a device then carries a shareID): coresharing.py.
+    #: since every allocation of such a device then carries a shareID): publish/coresharing.py.
     core_sharing: bool = False
     driver_name: str = DRIVER_NAME
     #: Where the controller keeps the NeuronUltraServers (its release namespace).
@@ -186,7 +187,7 @@ class KubeletPlugin:
             node_name=config.node_name,
             cdi_root=config.cdi_root,
             checkpoint_path=config.data_dir / "checkpoint.json",
-            inventory=self._require_inventory,
+            node=lambda: PrepareNode(self._require_inventory()),
             published=self.publisher.published_devices,
             topology=self.reservations.topology,
             driver_name=config.driver_name,

@@ -48,6 +48,7 @@ from neuron_dra.common.k8s.reflector import Reflector, ReflectorMetrics
 from neuron_dra.common.ultraserver import (
     PHASE_RELEASING,
     Reservation,
+    ReservationError,
     UltraServerPeers,
     node_reservations,
     read_allocations,
@@ -63,16 +64,6 @@ JsonDict = dict[str, Any]
 #: Node address types in the order we prefer them for NEURON_GLOBAL_TOPOID0_HOST: a name that
 #: stays valid if the interface's address is re-assigned, then the raw address.
 ADDRESS_PREFERENCE: Final = ("InternalDNS", "Hostname", "InternalIP")
-
-
-class ReservationError(RuntimeError):
-    """This node's part in a claim's workload cannot be told. ``retryable``: the controller
-    has not completed the record yet, and a later Prepare succeeds once it has; otherwise
-    the devices' workload tag is stale and the claim must move (the controller moves it)."""
-
-    def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
-        self.retryable = retryable
 
 
 # --- pure decisions ----------------------------------------------------------------------------

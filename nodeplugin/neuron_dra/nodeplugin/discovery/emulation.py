@@ -63,10 +63,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from neuron_dra.common.profiles import PROFILES, InstanceProfile, Topology
+from neuron_dra.common.profiles import PROFILES, InstanceProfile, Topology, UltraServerMode
 
 from .emulated_pci import kernel_log, neuron_ls_json, pci_layout, write_pci_tree
-from .model import NO_SERVER_ID, NodeInventory, UltraServerMode
+from .model import NO_SERVER_ID, NodeInventory
 from .pci import PciSources, locate
 from .sysfs import (
     CLASS_DIR,

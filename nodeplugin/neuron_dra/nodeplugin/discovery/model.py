@@ -10,20 +10,9 @@ listed in ``problems`` so it can be logged with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 
-
-class UltraServerMode(IntEnum):
-    """The Neuron driver's mode enum (``ultraserver_mode`` sysfs values), not a node count."""
-
-    X4 = 1  # 4 nodes
-    X2H = 2  # 2 nodes over horizontal links
-    X2V = 3  # 2 nodes over vertical links
-    X1 = 4  # single node
-
-    @property
-    def node_count(self) -> int:
-        return {UltraServerMode.X4: 4, UltraServerMode.X2H: 2, UltraServerMode.X2V: 2}.get(self, 1)
+from neuron_dra.common.profiles import UltraServerMode
 
 
 class FailureClass(Enum):

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from neuron_dra.common.constants import LABEL_INSTANCE_TYPE
+from neuron_dra.common.profiles import UltraServerMode
 
 from .model import (
     NO_SERVER_ID,
@@ -33,7 +34,6 @@ from .model import (
     NeuronDevice,
     NodeInventory,
     UltraServerInfo,
-    UltraServerMode,
 )
 
 #: Where the driver's ``neuron_device`` class lists its devices (symlinks) and keeps the

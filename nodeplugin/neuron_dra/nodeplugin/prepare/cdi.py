@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME, device_index
+from neuron_dra.common.profiles import UltraServerMode
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.discovery.facts import inventory_profile, node_default_lnc
-from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
 from neuron_dra.nodeplugin.prepare.atomicfile import fsync_dir, replace_file
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 
 CDI_KIND: Final = "k8s.neuron.aws.com/claim"
 
@@ -98,11 +98,11 @@ def cdi_device_ids(plan: ClaimPlan, *, cdi_kind: str = CDI_KIND) -> list[str]:
 
 
 def claim_env(
-    plan: ClaimPlan, inventory: NodeInventory, *, topology: UltraServerPeers | None = None
+    plan: ClaimPlan, node: PrepareNode, *, topology: UltraServerPeers | None = None
 ) -> dict[str, str]:
     """The Neuron runtime environment for a container using the claim's devices."""
-    profile = inventory_profile(inventory)
-    lnc = plan.lnc if plan.lnc is not None else node_default_lnc(inventory, profile)
+    profile = node.profile
+    lnc = plan.lnc if plan.lnc is not None else node.default_lnc
     env = {ENV_VISIBLE_CORES: visible_cores(plan.device_indices, profile.cores_per_device // lnc)}
     # Only where LNC is a setting at all (Trn2/Trn3). Besides a configured value, also when the
     # node's default differs from the type's: the runtime in the container cannot read the
@@ -114,22 +114,19 @@ def claim_env(
     if node_count is None and topology is not None:
         node_count = topology.topology_size
     if node_count is not None:
-        us = inventory.ultraserver
-        mode = runtime_ultraserver_mode(node_count, supports_x2v=bool(us and us.supports_x2v))
+        mode = runtime_ultraserver_mode(node_count, supports_x2v=node.supports_x2v)
         env[ENV_US_MODE] = str(int(mode))
         if node_count > 1:
             # server_id_<n>/node_id_<n> exist for the 2- and 4-node groupings only; a single
             # node has no peers to identify.
-            four = node_count == 4
-            server_id = None if us is None else (us.server_id_4 if four else us.server_id_2)
-            node_id = None if us is None else (us.node_id_4 if four else us.node_id_2)
-            if server_id is None or node_id is None:
+            ids = node.ultraserver_ids(node_count)
+            if ids is None:
                 raise CdiError(
-                    f"node {inventory.node_name}: no {node_count}-node UltraServer id "
+                    f"node {node.name}: no {node_count}-node UltraServer id "
                     "(plan_claim should have refused the claim)"
                 )
-            env[ENV_US_SERVER_ID] = str(server_id)
-            env[ENV_US_NODE_ID] = str(node_id)
+            env[ENV_US_SERVER_ID] = str(ids.server_id)
+            env[ENV_US_NODE_ID] = str(ids.node_id)
     if topology is not None:
         env[ENV_GLOBAL_TOPOID] = str(topology.global_topo_id)
         env[ENV_GLOBAL_TOPOID0_HOST] = topology.leader_host
@@ -143,21 +140,21 @@ def claim_env(
 EMULATED_DEVICE_NUMBERS: Final = (1, 3)
 
 
-def _device_nodes(indices: Iterable[int], inventory: NodeInventory) -> list[dict[str, Any]]:
+def _device_nodes(indices: Iterable[int], node: PrepareNode) -> list[dict[str, Any]]:
     nodes = []
     for index in sorted(indices):
         path = f"/dev/neuron{index}"
-        device = inventory.device(index)
-        node: dict[str, Any] = {"path": path}
+        device = node.device(index)
+        entry: dict[str, Any] = {"path": path}
         if device is not None and device.emulated:
             major, minor = EMULATED_DEVICE_NUMBERS
-            nodes.append({**node, "type": "c", "major": major, "minor": minor})
+            nodes.append({**entry, "type": "c", "major": major, "minor": minor})
             continue
         # With the host's /dev mounted elsewhere in the plugin the host path differs; usually the
         # paths are equal and leaving hostPath out keeps the spec loadable by older CDI versions.
-        if device is not None and device.dev_path and device.dev_path != path:
-            node["hostPath"] = device.dev_path
-        nodes.append(node)
+        if device is not None and device.host_path and device.host_path != path:
+            entry["hostPath"] = device.host_path
+        nodes.append(entry)
     return nodes
 
 
@@ -187,7 +184,7 @@ def minimum_cdi_version(spec: Mapping[str, Any]) -> str:
 
 def cdi_spec_for(
     plan: ClaimPlan,
-    inventory: NodeInventory,
+    node: PrepareNode,
     *,
     cdi_kind: str = CDI_KIND,
     topology: UltraServerPeers | None = None,
@@ -203,14 +200,14 @@ def cdi_spec_for(
         if not _CDI_NAME.fullmatch(name):
             raise CdiError(f"{name!r} is not a valid CDI device name")
         devices.append(
-            {"name": name, "containerEdits": {"deviceNodes": _device_nodes(indices, inventory)}}
+            {"name": name, "containerEdits": {"deviceNodes": _device_nodes(indices, node)}}
         )
     if not devices:
         raise CdiError(f"claim {plan.key}: no devices")
     scope = plan if env_indices is None else replace(plan, device_indices=tuple(env_indices))
     # An admin-access claim watches devices other claims use: their device nodes only, none
     # of the runtime's settings (cores, LNC, ranks belong to the claims that use them).
-    env = {} if plan.admin_access else claim_env(scope, inventory, topology=topology)
+    env = {} if plan.admin_access else claim_env(scope, node, topology=topology)
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": cdi_kind,

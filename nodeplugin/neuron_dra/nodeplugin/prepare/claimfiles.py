@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import metadata
 from neuron_dra.nodeplugin.prepare.atomicfile import replace_file
@@ -34,6 +33,7 @@ from neuron_dra.nodeplugin.prepare.cdi import (
     write_cdi_spec,
 )
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class ClaimContent:
 
 def build(
     plan: ClaimPlan,
-    inventory: NodeInventory,
+    node: PrepareNode,
     *,
     cdi_kind: str,
     topology: UltraServerPeers | None,
@@ -62,14 +62,12 @@ def build(
     ``published`` is given (device metadata on), its metadata documents and the spec's
     mounts of them (``pod_claim_name``: :func:`.metadata.pod_claim_name` of the claim).
     Raises CdiError or ValueError for a plan that cannot be expressed."""
-    spec = cdi_spec_for(
-        plan, inventory, cdi_kind=cdi_kind, topology=topology, env_indices=env_indices
-    )
+    spec = cdi_spec_for(plan, node, cdi_kind=cdi_kind, topology=topology, env_indices=env_indices)
     if published is None:
         return ClaimContent(spec, {})
     docs = metadata.documents(
         plan,
-        inventory=inventory,
+        node=node,
         topology=topology,
         published=published,
         driver=driver,

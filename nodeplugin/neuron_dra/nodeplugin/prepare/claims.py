@@ -9,7 +9,7 @@ is written for the container:
 * no device is reserved for a different UltraServer workload.
 
 What is checked about the node comes in as ``NodeFacts``: the plugin takes them from discovery
-(``inventory_facts``), ``neuron-dra check-claim`` from the node's published ResourceSlice
+(``node.PrepareNode.facts``), ``neuron-dra check-claim`` from the node's published ResourceSlice
 (``published_facts``). Both then run the same ``plan_claim_on``, so what check-claim predicts
 is what Prepare says.
 
@@ -41,17 +41,12 @@ from neuron_dra.common.profiles import (
     connected_set_error,
     is_connected_set,
 )
-from neuron_dra.nodeplugin.coresharing import ShareError, ShareRequest, read_shares
-from neuron_dra.nodeplugin.discovery.facts import (
-    InventoryError,
-    inventory_profile,
-    ultraserver_node_counts,
-)
-from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.prepare import extendedresource
+from neuron_dra.nodeplugin.prepare.shares import ShareError, ShareRequest, read_shares
 
 if TYPE_CHECKING:
     from neuron_dra.common.models.configs import NeuronConfig, OpaqueConfig, UltraServerConfig
+    from neuron_dra.nodeplugin.prepare.node import PrepareNode
 
 SOURCE_CLASS: Final = "FromClass"
 SOURCE_CLAIM: Final = "FromClaim"
@@ -139,26 +134,6 @@ class NodeFacts:
     #: is done); None when not known, as from a ResourceSlice, which does not carry the 2-node
     #: ids: the (retryable) readiness check is then skipped.
     ultraserver_elected: frozenset[int] | None
-
-
-def inventory_facts(inventory: NodeInventory) -> NodeFacts:
-    """The node as discovery sees it (the plugin's view). Raises InventoryError or
-    LookupError when the instance type cannot be described."""
-    profile = inventory_profile(inventory)
-    counts = ultraserver_node_counts(inventory, profile)
-    us = inventory.ultraserver
-    elected: set[int] = set()
-    for mode in counts:
-        server_id = None if us is None else (us.server_id_4 if mode == 4 else us.server_id_2)
-        node_id = None if us is None else (us.node_id_4 if mode == 4 else us.node_id_2)
-        if mode > 1 and server_id is not None and node_id is not None:
-            elected.add(mode)
-    return NodeFacts(
-        profile=profile,
-        device_indices=frozenset(d.index for d in inventory.devices),
-        ultraserver_node_counts=counts,
-        ultraserver_elected=frozenset(elected),
-    )
 
 
 def published_facts(published: Mapping[str, Mapping[str, Any]]) -> NodeFacts:
@@ -284,7 +259,7 @@ def _single_value(
 def plan_claim(
     claim: Mapping[str, Any],
     *,
-    inventory: NodeInventory,
+    node: PrepareNode,
     published: Mapping[str, Mapping[str, Any]],
     node_name: str | None = None,
     driver_name: str = DRIVER_NAME,
@@ -292,13 +267,13 @@ def plan_claim(
     """Validate an allocated ResourceClaim (v1 dict) against this node and plan its devices.
 
     ``published``: this node's devices as in its ResourceSlice (device name -> attributes).
-    ``node_name`` defaults to the inventory's; it is the pool our results must come from.
+    ``node_name`` defaults to ``node``'s; it is the pool our results must come from.
     ``status.allocation.devices.config`` already holds class and claim configs in order.
     """
     return plan_claim_on(
         claim,
-        node_name=node_name or inventory.node_name,
-        facts=lambda: inventory_facts(inventory),
+        node_name=node_name or node.name,
+        facts=node.facts,
         published=published,
         driver_name=driver_name,
     )
@@ -315,8 +290,8 @@ def plan_claim_on(
     """``plan_claim`` against facts from any source (see ``NodeFacts``).
 
     ``facts`` is called only once the claim has results of ours from this node, so a node
-    that cannot be described fails claims the same way whatever the source; InventoryError
-    and LookupError from it are retryable ClaimErrors.
+    that cannot be described fails claims the same way whatever the source; a LookupError
+    from it is a retryable ClaimError.
     """
     node = node_name
     meta = _dict(claim.get("metadata"))
@@ -355,7 +330,7 @@ def plan_claim_on(
 
     try:
         node_facts = facts()
-    except (InventoryError, LookupError) as exc:
+    except LookupError as exc:
         raise ClaimError(f"claim {key}: {exc}", permanent=False) from None
     profile = node_facts.profile
 
@@ -376,7 +351,7 @@ def plan_claim_on(
         workload_id = _check_workload(key, meta, by_device, indices, published)
     try:
         share_ids, share = read_shares(
-            ours, published, device_index, profile=profile, lnc=lnc, admin=admin_access
+            ours, published, profile=profile, lnc=lnc, admin=admin_access
         )
     except ShareError as exc:
         raise ClaimError(f"claim {key}: {exc}") from None

@@ -1,4 +1,5 @@
-"""Which cores of a shared device a core claim gets (core sharing, :mod:`..coresharing`; pure).
+"""Which cores of a shared device a core claim gets (core sharing: ``shares.py`` reads what a
+claim holds, ``publish/coresharing.py`` how devices are offered; pure).
 
 The scheduler counts a shared device's ``logicalCores`` but does not say which cores a share
 is; the runtime needs them as one contiguous range (``NEURON_RT_VISIBLE_CORES``, global ids:
@@ -32,7 +33,6 @@ from neuron_dra.common.constants import (
     METADATA_ATTR_VISIBLE_CORES,
     device_name,
 )
-from neuron_dra.nodeplugin.coresharing import ShareRequest
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare import decide
@@ -40,6 +40,7 @@ from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
 from neuron_dra.nodeplugin.prepare.cdi import ENV_VISIBLE_CORES
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.shares import ShareRequest
 
 
 def _alignment(size: int) -> int:

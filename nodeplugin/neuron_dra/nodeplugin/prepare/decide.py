@@ -1,6 +1,6 @@
 """Prepare's pure decisions: from the claim as read to its checkpoint entry and the answer.
 
-No I/O here: the caller reads the claim, the inventory and what is published, and writes
+No I/O here: the caller reads the claim, the node and what is published, and writes
 what is decided. Every refusal is a :class:`~.budget.PrepareFailure` saying whether the
 kubelet's retry can help.
 """
@@ -11,13 +11,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from neuron_dra.common.constants import NODE_DEVICE_NAME, device_name
-from neuron_dra.nodeplugin.discovery.model import NodeInventory
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice, PrepareResult
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare.budget import PrepareFailure
 from neuron_dra.nodeplugin.prepare.cdi import cdi_device_ids
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent
 from neuron_dra.nodeplugin.prepare.claims import ClaimError, ClaimPlan, plan_claim
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 
 
 def check_claim(ref: ClaimRef, claim: Mapping[str, Any]) -> None:
@@ -42,7 +42,7 @@ def check_claim(ref: ClaimRef, claim: Mapping[str, Any]) -> None:
 def plan(
     claim: Mapping[str, Any],
     *,
-    inventory: NodeInventory,
+    node: PrepareNode,
     published: Mapping[str, Mapping[str, Any]],
     node_name: str,
     driver_name: str,
@@ -51,7 +51,7 @@ def plan(
     try:
         return plan_claim(
             claim,
-            inventory=inventory,
+            node=node,
             published=published,
             node_name=node_name,
             driver_name=driver_name,

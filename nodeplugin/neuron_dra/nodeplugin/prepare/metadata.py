@@ -50,9 +50,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from neuron_dra.common import constants as c
+from neuron_dra.common.profiles import UltraServerMode
 from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.discovery.facts import inventory_profile, node_default_lnc
-from neuron_dra.nodeplugin.discovery.model import NodeInventory, UltraServerMode
 from neuron_dra.nodeplugin.prepare.cdi import (
     ENV_GLOBAL_TOPOID,
     ENV_GLOBAL_TOPOID0_HOST,
@@ -64,6 +63,7 @@ from neuron_dra.nodeplugin.prepare.cdi import (
     visible_cores,
 )
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 
 METADATA_GROUP: Final = "metadata.resource.k8s.io"
 #: Newest first: a reader takes the first object whose version it knows.
@@ -168,7 +168,7 @@ def _qualified(name: str, driver: str) -> str:
 
 def runtime_attributes(
     plan: ClaimPlan,
-    inventory: NodeInventory,
+    node: PrepareNode,
     *,
     topology: UltraServerPeers | None,
     driver: str,
@@ -177,9 +177,8 @@ def runtime_attributes(
     own ``NEURON_*`` variables say it: the effective LNC, the UltraServer node count, mode
     number, server and node id, the rank and the rank-0 host. A value the format cannot hold
     (a host name over 64 characters) is left out; the variable still has it."""
-    env = claim_env(plan, inventory, topology=topology)
-    profile = inventory_profile(inventory)
-    lnc = plan.lnc if plan.lnc is not None else node_default_lnc(inventory, profile)
+    env = claim_env(plan, node, topology=topology)
+    lnc = plan.lnc if plan.lnc is not None else node.default_lnc
     out: dict[str, Attribute] = {c.METADATA_ATTR_LOGICAL_NEURON_CORE: _int(lnc)}
     if ENV_US_MODE in env:
         mode = UltraServerMode(int(env[ENV_US_MODE]))
@@ -198,13 +197,13 @@ def runtime_attributes(
 
 
 def device_runtime_attributes(
-    plan: ClaimPlan, device: str, inventory: NodeInventory, *, driver: str
+    plan: ClaimPlan, device: str, node: PrepareNode, *, driver: str
 ) -> dict[str, Attribute]:
     """One device's part: its cores as ``NEURON_RT_VISIBLE_CORES`` numbers them (all of the
     node's for ``neuronnode``) and, for a single device, its logical core count at the
     claim's LNC (the slice's is at the node's default)."""
-    profile = inventory_profile(inventory)
-    lnc = plan.lnc if plan.lnc is not None else node_default_lnc(inventory, profile)
+    profile = node.profile
+    lnc = plan.lnc if plan.lnc is not None else node.default_lnc
     per_device = profile.cores_per_device // lnc
     if device == c.NODE_DEVICE_NAME:
         indices: tuple[int, ...] = plan.device_indices
@@ -247,7 +246,7 @@ def fit_attributes(
 def documents(
     plan: ClaimPlan,
     *,
-    inventory: NodeInventory,
+    node: PrepareNode,
     topology: UltraServerPeers | None,
     published: Mapping[str, Mapping[str, Any]],
     driver: str,
@@ -259,12 +258,12 @@ def documents(
     as its ResourceSlice has them (device name -> attributes)."""
     card: dict[str, Attribute] = {}
     if not plan.admin_access:
-        card = runtime_attributes(plan, inventory, topology=topology, driver=driver)
+        card = runtime_attributes(plan, node, topology=topology, driver=driver)
     requests: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     for names, device in plan.devices:
         runtime = dict(card)
         if not plan.admin_access:
-            runtime.update(device_runtime_attributes(plan, device, inventory, driver=driver))
+            runtime.update(device_runtime_attributes(plan, device, node, driver=driver))
         entry: dict[str, Any] = {"driver": driver, "pool": pool, "name": device}
         attributes = fit_attributes(published.get(device) or {}, runtime, driver=driver)
         if attributes:

@@ -59,8 +59,7 @@ from neuron_dra.common.constants import DRIVER_NAME
 from neuron_dra.common.events import EventRecorder, EventType, ObjectRef
 from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIMS, KubeClient
 from neuron_dra.common.k8s.clock import Clock, SystemClock
-from neuron_dra.common.ultraserver import UltraServerPeers
-from neuron_dra.nodeplugin.discovery.model import NodeInventory
+from neuron_dra.common.ultraserver import ReservationError, UltraServerPeers
 from neuron_dra.nodeplugin.kubeletapi import (
     ClaimRef,
     DriverBackend,
@@ -80,15 +79,16 @@ from neuron_dra.nodeplugin.prepare.cdi import CDI_KIND, CdiError, claim_env
 from neuron_dra.nodeplugin.prepare.claimfiles import ClaimContent, ClaimFiles, build
 from neuron_dra.nodeplugin.prepare.claims import ClaimPlan
 from neuron_dra.nodeplugin.prepare.metrics import PreparerMetrics
+from neuron_dra.nodeplugin.prepare.node import PrepareNode
 from neuron_dra.nodeplugin.prepare.nodelock import NodeLockTimeout
 from neuron_dra.nodeplugin.prepare.nodestate import NodeState
 from neuron_dra.nodeplugin.prepare.unprepare import unprepare
-from neuron_dra.nodeplugin.reservations import ReservationError
 from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
-InventoryProvider = Callable[[], NodeInventory]
+#: The node as Prepare reads it, from the newest inventory (read anew for every claim).
+NodeProvider = Callable[[], PrepareNode]
 PublishedProvider = Callable[[], Mapping[str, Mapping[str, Any]]]
 TopologyProvider = Callable[[str | None], UltraServerPeers | None]
 
@@ -138,7 +138,7 @@ class Preparer:
         node_name: str,
         cdi_root: Path,
         checkpoint_path: Path,
-        inventory: InventoryProvider,
+        node: NodeProvider,
         published: PublishedProvider,
         driver_name: str = DRIVER_NAME,
         topology: TopologyProvider = _no_topology,
@@ -156,7 +156,7 @@ class Preparer:
         self._driver = driver_name
         self._cdi_root = cdi_root
         self._ckpt_path = checkpoint_path
-        self._inventory = inventory
+        self._node_view = node
         self._published = published
         self._topology = topology
         self._clock: Clock = clock or SystemClock()
@@ -298,7 +298,7 @@ class Preparer:
             decide.check_claim(ref, claim)
             plan = decide.plan(
                 claim,
-                inventory=self._inventory(),
+                node=self._node_view(),
                 published=self._published(),
                 node_name=self._node,
                 driver_name=self._driver,
@@ -408,7 +408,7 @@ class Preparer:
     ) -> Mapping[str, str]:
         try:
             return claim_env(
-                replace(plan, device_indices=indices), self._inventory(), topology=topology
+                replace(plan, device_indices=indices), self._node_view(), topology=topology
             )
         except CdiError as exc:
             raise ValueError(str(exc)) from None
@@ -421,7 +421,7 @@ class Preparer:
         try:
             return build(
                 plan,
-                self._inventory(),
+                self._node_view(),
                 cdi_kind=self._cdi_kind,
                 topology=topology,
                 env_indices=None if tuple(env_indices) == plan.device_indices else env_indices,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from neuron_dra.nodeplugin.coresharing import sharing_dropped, without_sharing
+from neuron_dra.nodeplugin.publish.coresharing import sharing_dropped, without_sharing
 from neuron_dra.nodeplugin.publish.taints import taints_dropped, without_taints
 
 JsonDict = dict[str, Any]

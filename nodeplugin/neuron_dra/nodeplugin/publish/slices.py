@@ -62,7 +62,6 @@ from neuron_dra.common.profiles import (
     group_sizes,
 )
 from neuron_dra.common.quantity import parse_quantity
-from neuron_dra.nodeplugin.coresharing import sharable
 from neuron_dra.nodeplugin.discovery.facts import (
     device_core_count,
     inventory_profile,
@@ -70,6 +69,7 @@ from neuron_dra.nodeplugin.discovery.facts import (
     ultraserver_node_counts,
 )
 from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory
+from neuron_dra.nodeplugin.publish.coresharing import sharable
 from neuron_dra.nodeplugin.publish.taints import (
     comparable_taints,
     device_taints,

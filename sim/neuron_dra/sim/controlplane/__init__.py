@@ -20,8 +20,8 @@ from neuron_dra.sim.controlplane.base import (
 from neuron_dra.sim.controlplane.claims import ClaimController
 from neuron_dra.sim.controlplane.cluster import ControlPlane, ensure_device_classes
 from neuron_dra.sim.controlplane.kubelet import SimKubelet, container_cdi_devices
-from neuron_dra.sim.controlplane.scheduler import Scheduler
 from neuron_dra.sim.controlplane.podsets import Group, PodSet, ReplicaSet
+from neuron_dra.sim.controlplane.scheduler import Scheduler
 
 __all__ = [
     "CDI_DEVICES_ANNOTATION",

@@ -24,8 +24,8 @@ from neuron_dra.common.k8s.errors import AlreadyExistsError
 from .base import JsonDict, Loop
 from .claims import ClaimController
 from .kubelet import SimKubelet
-from .scheduler import Scheduler
 from .podsets import RECREATE_GROUP, Group, PodSet, ReplicaSet, from_manifest
+from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
