@@ -12,10 +12,11 @@ which is what makes the sharing safe.
 
 from __future__ import annotations
 
+import json
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from neuron_dra.common.constants import (
     ATTR_HEALTHY,
@@ -29,7 +30,15 @@ from neuron_dra.common.constants import (
     LABEL_WORKLOAD_ID,
 )
 from neuron_dra.common.k8s.cache import Delta, Store
-from neuron_dra.common.k8s.client import ApiResource, KubeClient, ResourceClient
+from neuron_dra.common.k8s.client import (
+    JSON,
+    PROTOBUF,
+    ApiResource,
+    KubeClient,
+    ResourceClient,
+    WatchStream,
+)
+from neuron_dra.common.k8s.errors import NetworkError
 
 JsonDict = dict[str, Any]
 
@@ -79,7 +88,9 @@ def _shared(
     return shared
 
 
-def _slim_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+def slim_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes of ``SLICE_ATTRIBUTES_READ`` in ``attributes``, as the one shared map
+    equal to them (values shared too)."""
     kept: dict[str, Any] = {}
     parts: list[tuple[str, Any]] = []
     try:
@@ -126,13 +137,19 @@ def slim_slice(obj: JsonDict) -> JsonDict:
         return obj  # the LIST pages are slimmed as they arrive; the store gets them again
     devices: list[Any] = []
     for device in spec["devices"]:
-        if not isinstance(device, dict) or not isinstance(device.get("attributes"), dict):
+        attributes = device.get("attributes") if isinstance(device, dict) else None
+        if not isinstance(device, dict) or (
+            attributes is not None and not isinstance(attributes, dict)
+        ):
             devices.append(device)
             continue
+        # A device without attributes loses its capacity too (the protobuf path never
+        # decodes capacities).
         slim = {k: v for k, v in device.items() if k not in ("attributes", "capacity")}
         if isinstance(slim.get("name"), str):
             slim["name"] = sys.intern(slim["name"])
-        slim["attributes"] = _slim_attributes(device["attributes"])
+        if isinstance(attributes, dict):
+            slim["attributes"] = slim_attributes(attributes)
         devices.append(slim)
     out = dict(obj)
     out["spec"] = {**spec, "devices": devices}
@@ -167,21 +184,91 @@ def slim_node(obj: JsonDict) -> JsonDict:
 Slim = Callable[[JsonDict], JsonDict]
 
 
+class SlimCodec(Protocol):
+    """Decodes one kind's protobuf LIST pages and watch frames straight into the slim form
+    (``neuron_dra.controller.protoslim``)."""
+
+    def decode_list(self, body: bytes) -> JsonDict: ...
+
+    def decode_event(self, frame: bytes) -> tuple[str, JsonDict]: ...
+
+    def decode_status(self, body: bytes) -> JsonDict: ...
+
+
+#: What the protobuf path asks for: protobuf, else JSON (the fake API server speaks only
+#: JSON; a server answers CRDs in JSON). Every answer is decoded by its Content-Type.
+ACCEPT_PROTOBUF: Final = f"{PROTOBUF}, {JSON}"
+
+
 class SlimListClient(ResourceClient):
     """A client whose LIST pages come back cut down by ``slim``, so a relist of the fleet
     never holds more than one page of full objects (the store slims too, but only once the
-    whole list has arrived)."""
+    whole list has arrived).
 
-    def __init__(self, kube: KubeClient, resource: ApiResource, slim: Slim) -> None:
+    With ``codec``, LIST and WATCH ask for protobuf and a protobuf answer is decoded by it
+    straight into the slim form, never into full dicts; a JSON answer takes the JSON path.
+    """
+
+    def __init__(
+        self, kube: KubeClient, resource: ApiResource, slim: Slim, codec: SlimCodec | None = None
+    ) -> None:
         super().__init__(kube, resource)
         self._slim = slim
+        self._codec = codec
 
-    async def list(self, *args: Any, **kwargs: Any) -> JsonDict:
-        page = await super().list(*args, **kwargs)
+    async def list(
+        self,
+        namespace: str | None = None,
+        *,
+        request_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> JsonDict:
+        codec = self._codec
+        if codec is None:
+            page = await super().list(namespace, request_timeout=request_timeout, **kwargs)
+        else:
+            path, query = self.list_request(namespace, **kwargs)
+            raw = await self.kube.request_raw(
+                path,
+                query=query,
+                accept=ACCEPT_PROTOBUF,
+                status_decoder=codec.decode_status,
+                request_timeout=request_timeout,
+            )
+            if raw.content_type == PROTOBUF:
+                try:
+                    return codec.decode_list(raw.body)
+                except ValueError as exc:
+                    raise NetworkError(
+                        f"GET {path}: bad protobuf: {exc}", reason="MalformedBody"
+                    ) from exc
+            try:
+                page = json.loads(raw.body)
+            except ValueError as exc:
+                raise NetworkError(
+                    f"GET {path}: {raw.content_type or 'response'} is not JSON: {raw.body[:200]!r}",
+                    reason="MalformedBody",
+                ) from exc
         items = page.get("items")
         if isinstance(items, list):
             page["items"] = [self._slim(o) if isinstance(o, dict) else o for o in items]
         return page
+
+    async def watch(
+        self, namespace: str | None = None, *, timeout_seconds: int = 300, **kwargs: Any
+    ) -> WatchStream:
+        codec = self._codec
+        if codec is None:
+            return await super().watch(namespace, timeout_seconds=timeout_seconds, **kwargs)
+        path, query = self.watch_request(namespace, timeout_seconds=timeout_seconds, **kwargs)
+        return await self.kube.stream(
+            path,
+            query=query,
+            server_timeout_seconds=float(timeout_seconds),
+            accept=ACCEPT_PROTOBUF,
+            frame_decoder=codec.decode_event,
+            status_decoder=codec.decode_status,
+        )
 
 
 class SlimStore(Store):

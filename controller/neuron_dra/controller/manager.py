@@ -62,6 +62,7 @@ from neuron_dra.controller.discovery import (
     keys_for_slice,
     keys_for_ultraserver,
 )
+from neuron_dra.controller.protoslim import NODE_CODEC, SLICE_CODEC
 from neuron_dra.controller.templates import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from neuron_dra.controller.workloads import WorkloadReconciler, orphan_claims_key
 
@@ -148,14 +149,14 @@ class ControllerManager:
         ctx = self.ctx
         self.reflectors = [
             Reflector(
-                SlimListClient(kube, RESOURCE_SLICES, slim_slice),
+                SlimListClient(kube, RESOURCE_SLICES, slim_slice, SLICE_CODEC),
                 ctx.slices,
                 name="resourceslices",
                 field_selector=f"spec.driver={DRIVER_NAME}",
                 metrics=reflector_metrics,
             ),
             Reflector(
-                SlimListClient(kube, NODES, slim_node),
+                SlimListClient(kube, NODES, slim_node, NODE_CODEC),
                 ctx.nodes,
                 name="nodes",
                 metrics=reflector_metrics,

@@ -42,8 +42,18 @@ from .resources import (
     object_key,
     resource_version,
 )
-from .transport import DEFAULT_TIMEOUTS, KubeClient, QueryParams, Timeouts
-from .watch import MAX_LINE_BYTES, WatchEvent, WatchStream
+from .transport import (
+    DEFAULT_TIMEOUTS,
+    JSON,
+    PROTOBUF,
+    KubeClient,
+    QueryParams,
+    RawResponse,
+    StatusDecoder,
+    Timeouts,
+    media_type,
+)
+from .watch import MAX_LINE_BYTES, FrameDecoder, FramedWatchStream, WatchEvent, WatchStream
 
 __all__ = [
     "CONFIG_MAPS",
@@ -51,6 +61,7 @@ __all__ = [
     "DEFAULT_TIMEOUTS",
     "DEVICE_CLASSES",
     "EVENTS",
+    "JSON",
     "LEASES",
     "MAX_LINE_BYTES",
     "NAMESPACES",
@@ -58,21 +69,27 @@ __all__ = [
     "NEURON_ULTRASERVER_WORKLOADS",
     "NODES",
     "PODS",
+    "PROTOBUF",
     "RESOURCE_CLAIMS",
     "RESOURCE_CLAIM_TEMPLATES",
     "RESOURCE_SLICES",
     "ApiResource",
+    "FrameDecoder",
+    "FramedWatchStream",
     "KubeClient",
     "ListResult",
     "PatchType",
     "QueryParams",
+    "RawResponse",
     "ResourceClient",
+    "StatusDecoder",
     "Timeouts",
     "WatchEvent",
     "WatchStream",
     "connect",
     "in_cluster",
     "load_configuration",
+    "media_type",
     "object_key",
     "resource_version",
 ]

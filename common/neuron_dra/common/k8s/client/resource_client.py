@@ -90,6 +90,30 @@ class ResourceClient:
 
         ``namespace=None`` lists across all namespaces.
         """
+        path, query = self.list_request(
+            namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            continue_token=continue_token,
+            resource_version=resource_version,
+        )
+        result: JsonDict = await self.kube.request(
+            "GET", path, query=query, request_timeout=request_timeout
+        )
+        return result
+
+    def list_request(
+        self,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> tuple[str, builtins.list[tuple[str, str]]]:
+        """The path and query of one LIST page (for a subclass that sends it itself)."""
         query = _selectors(label_selector, field_selector)
         if limit:
             query.append(("limit", str(limit)))
@@ -97,11 +121,7 @@ class ResourceClient:
             query.append(("continue", continue_token))
         if resource_version is not None:
             query.append(("resourceVersion", resource_version))
-        path = self.resource.path(namespace if self.resource.namespaced else None)
-        result: JsonDict = await self.kube.request(
-            "GET", path, query=query, request_timeout=request_timeout
-        )
-        return result
+        return self.resource.path(namespace if self.resource.namespaced else None), query
 
     async def list_all(
         self,
@@ -311,6 +331,29 @@ class ResourceClient:
     ) -> WatchStream:
         """Open a watch. ``timeout_seconds`` asks the server to end the stream; the client read
         timeout is derived from it. Close the returned stream when done."""
+        path, query = self.watch_request(
+            namespace,
+            resource_version=resource_version,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            timeout_seconds=timeout_seconds,
+            allow_bookmarks=allow_bookmarks,
+        )
+        return await self.kube.stream(
+            path, query=query, server_timeout_seconds=float(timeout_seconds)
+        )
+
+    def watch_request(
+        self,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        allow_bookmarks: bool = True,
+    ) -> tuple[str, builtins.list[tuple[str, str]]]:
+        """The path and query of a watch (for a subclass that opens it itself)."""
         query = [("watch", "true")]
         query += _selectors(label_selector, field_selector)
         if resource_version:
@@ -318,7 +361,4 @@ class ResourceClient:
         if allow_bookmarks:
             query.append(("allowWatchBookmarks", "true"))
         query.append(("timeoutSeconds", str(int(timeout_seconds))))
-        path = self.resource.path(namespace if self.resource.namespaced else None)
-        return await self.kube.stream(
-            path, query=query, server_timeout_seconds=float(timeout_seconds)
-        )
+        return self.resource.path(namespace if self.resource.namespaced else None), query

@@ -1,9 +1,11 @@
-"""The events of one watch response, read line by line (:class:`WatchStream`)."""
+"""The events of one watch response: JSON lines (:class:`WatchStream`) or the protobuf
+encoding's length-prefixed frames (:class:`FramedWatchStream`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple, Self
 
 import aiohttp
@@ -88,3 +90,55 @@ class WatchStream:
             if ev_type == "ERROR":
                 raise from_status(obj)
             return WatchEvent(ev_type, obj)
+
+
+#: One protobuf watch frame -> (event type, object). Raises ``ValueError`` on a bad frame.
+FrameDecoder = Callable[[bytes], tuple[str, JsonDict]]
+
+
+class FramedWatchStream(WatchStream):
+    """A protobuf watch: frames of a 4-byte big-endian length and that many bytes (a
+    ``metav1.WatchEvent``), turned into events by ``decode``. Ends, fails and closes as
+    :class:`WatchStream` does."""
+
+    def __init__(
+        self, response: aiohttp.ClientResponse, max_frame_bytes: int, decode: FrameDecoder
+    ) -> None:
+        super().__init__(response, max_frame_bytes)
+        self._decode = decode
+
+    async def _read(self, n: int) -> bytes | None:
+        """``n`` bytes, or None at a clean end of the stream (before any of them)."""
+        try:
+            return await self._response.content.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise NetworkError("watch stream ended mid-frame", reason="StreamError") from exc
+            return None
+        except aiohttp.ClientConnectionError as exc:
+            if self._closed:
+                return None
+            raise NetworkError(f"watch stream broken: {exc}", reason="StreamError") from exc
+        except (aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise classify(exc) or NetworkError(str(exc)) from exc
+
+    async def __anext__(self) -> WatchEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        header = await self._read(4)
+        if header is None:
+            self.close()
+            raise StopAsyncIteration
+        size = int.from_bytes(header, "big")
+        if size > self._max_line:
+            raise NetworkError(f"watch frame too large: {size} bytes", reason="LineTooLong")
+        frame = await self._read(size)
+        if frame is None:
+            raise NetworkError("watch stream ended mid-frame", reason="StreamError")
+        try:
+            ev_type, obj = self._decode(frame)
+        except ValueError as exc:
+            raise NetworkError(f"malformed watch frame: {exc}", reason="MalformedEvent") from exc
+        if ev_type == "ERROR":
+            raise from_status(obj)
+        return WatchEvent(ev_type, obj)
