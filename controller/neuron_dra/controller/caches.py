@@ -131,12 +131,21 @@ def slim_slice(obj: JsonDict) -> JsonDict:
     """
     spec = obj.get("spec")
     meta = obj.get("metadata")
-    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
-        return obj
-    if _already_slim(spec["devices"], meta):
+    spec_devices = spec.get("devices") if isinstance(spec, dict) else None
+    if isinstance(spec_devices, list) and _already_slim(spec_devices, meta):
         return obj  # the LIST pages are slimmed as they arrive; the store gets them again
+    out = dict(obj)
+    if isinstance(meta, dict) and "managedFields" in meta:
+        # Also of a slice without devices (one of shared counters only).
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    if isinstance(spec, dict) and "devices" in spec and spec_devices is None:
+        # No devices: ``null`` from a 1.34 server, left out by 1.35+ (``omitempty``); the
+        # slim form leaves it out for both.
+        out["spec"] = {k: v for k, v in spec.items() if k != "devices"}
+    if not isinstance(spec, dict) or not isinstance(spec_devices, list):
+        return out
     devices: list[Any] = []
-    for device in spec["devices"]:
+    for device in spec_devices:
         attributes = device.get("attributes") if isinstance(device, dict) else None
         if not isinstance(device, dict) or (
             attributes is not None and not isinstance(attributes, dict)
@@ -151,10 +160,7 @@ def slim_slice(obj: JsonDict) -> JsonDict:
         if isinstance(attributes, dict):
             slim["attributes"] = slim_attributes(attributes)
         devices.append(slim)
-    out = dict(obj)
     out["spec"] = {**spec, "devices": devices}
-    if isinstance(meta, dict) and "managedFields" in meta:
-        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
     return out
 
 
