@@ -25,10 +25,8 @@ non-``omitempty`` lists are ``null`` when empty (a slice's ``devices`` excepted:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-import weakref
 from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
@@ -78,16 +76,35 @@ def _parse(message: Any, raw: bytes, what: str) -> Any:
 # --- the JSON encoder's rules ------------------------------------------------------------------
 
 
+#: Recent times' text: objects made in the same second (a fleet's slices, its Nodes) share
+#: one string. Bounded: emptied when full.
+_TIMES: dict[int, str] = {}
+_TIMES_MAX: Final = 4096
+
+
 def _time(t: Any) -> str | None:
     """A ``metav1.Time`` as JSON writes it: RFC 3339 in UTC, whole seconds; ``None`` (JSON
     ``null``) for the zero time, which protobuf sends as an empty message."""
     if not t.HasField("seconds"):
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.seconds))
+    seconds = t.seconds
+    text = _TIMES.get(seconds)
+    if text is None:
+        if len(_TIMES) >= _TIMES_MAX:
+            _TIMES.clear()
+        text = _TIMES[seconds] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    return text
 
 
 def _owner_reference(o: Any) -> JsonDict:
-    out: JsonDict = {"apiVersion": o.apiVersion, "kind": o.kind, "name": o.name, "uid": o.uid}
+    # The owner of our slices is their Node: its name is interned, one string with the
+    # slice's nodeName and pool name and the cached Node's name.
+    out: JsonDict = {
+        "apiVersion": o.apiVersion,
+        "kind": o.kind,
+        "name": sys.intern(o.name),
+        "uid": o.uid,
+    }
     if o.HasField("controller"):
         out["controller"] = o.controller
     if o.HasField("blockOwnerDeletion"):
@@ -182,8 +199,10 @@ def _attribute(a: Any) -> JsonDict:
 
 
 #: Each distinct set of read attribute entries (their bytes, in wire order) -> its shared
-#: slim map. Weak, like the maps themselves: a set no cached device has any more is dropped.
-_MAPS: weakref.WeakValueDictionary[tuple[bytes, ...], Any] = weakref.WeakValueDictionary()
+#: slim map, while one LIST page or watch event is decoded (the devices of a node, and of
+#: an UltraServer's nodes, mostly share one). Emptied after each: held for longer, its keys
+#: would cost ~0.5 KiB per node; the maps themselves stay shared by ``slim_attributes``.
+_MAPS: dict[tuple[bytes, ...], Any] = {}
 
 #: The names read, as the bytes an attribute map entry starts with after its tag and length.
 _READ_KEYS: Final = frozenset(k.encode() for k in SLICE_ATTRIBUTES_READ)
@@ -214,9 +233,7 @@ def _attributes(entries: Iterable[bytes]) -> dict[str, Any]:
     )
     shared = _MAPS.get(read)
     if shared is None:
-        shared = slim_attributes(dict(_entry(e) for e in read))
-        with contextlib.suppress(TypeError):  # only shared maps can be held weakly
-            _MAPS[read] = shared
+        shared = _MAPS[read] = slim_attributes(dict(_entry(e) for e in read))
     return shared
 
 
@@ -264,13 +281,13 @@ def _slice_spec(s: Any) -> JsonDict:
     out: JsonDict = {
         "driver": s.driver,
         "pool": {
-            "name": pool.name,
+            "name": sys.intern(pool.name),
             "generation": pool.generation,
             "resourceSliceCount": pool.resourceSliceCount,
         },
     }
     if s.HasField("nodeName"):
-        out["nodeName"] = s.nodeName
+        out["nodeName"] = sys.intern(s.nodeName)
     if s.HasField("nodeSelector"):
         out["nodeSelector"] = _node_selector(s.nodeSelector)
     if s.HasField("allNodes"):
@@ -335,8 +352,11 @@ def _ready_conditions(conditions: Iterable[Any]) -> list[JsonDict]:
 def slim_node_of(msg: Any) -> JsonDict:
     """A decoded ``Node`` message as :func:`~.caches.slim_node` of its JSON (without
     ``apiVersion``/``kind``, as a LIST item)."""
+    meta = _object_meta(msg.metadata, annotations=False)
+    if "name" in meta:
+        meta["name"] = sys.intern(meta["name"])
     return {
-        "metadata": _object_meta(msg.metadata, annotations=False),
+        "metadata": meta,
         "spec": _node_spec(msg.spec),
         "status": {"conditions": _ready_conditions(msg.status.conditions)},
     }
@@ -379,11 +399,15 @@ class SlimCodec:
         items."""
         env = unwrap(body)
         page = _parse(self._list_message(), env.raw, env.kind or "list")
+        try:
+            items = [self._slim(item) for item in page.items]
+        finally:
+            _MAPS.clear()
         return {
             "apiVersion": env.api_version,
             "kind": env.kind,
             "metadata": _list_meta(page.metadata),
-            "items": [self._slim(item) for item in page.items],
+            "items": items,
         }
 
     def decode_event(self, frame: bytes) -> tuple[str, JsonDict]:
@@ -393,7 +417,10 @@ class SlimCodec:
         env = unwrap(event.object.raw)
         if event.type == "ERROR":
             return event.type, _status_of(env)
-        obj = self._slim(_parse(self._message(), env.raw, env.kind or "object"))
+        try:
+            obj = self._slim(_parse(self._message(), env.raw, env.kind or "object"))
+        finally:
+            _MAPS.clear()
         return event.type, {"kind": env.kind, "apiVersion": env.api_version} | obj
 
     def decode_status(self, body: bytes) -> JsonDict:
