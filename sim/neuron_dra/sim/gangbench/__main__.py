@@ -51,6 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="who runs the nodes: simulated kubelets (default; the recorded figures) or real "
         "kubelets and containerd (needs root; about a dozen nodes fit on one machine)",
     )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="where the time goes: the API server's audit log and kube-scheduler's and "
+        "kube-controller-manager's metrics around each run, pod by pod, in WORKDIR/trace.txt",
+    )
+    p.add_argument(
+        "--verbosity", type=int, default=0, help="-v of kube-scheduler and kcm (a diagnosis)"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="idle seconds before each apply, so kube-controller-manager's client-side "
+        "request budget spent by the previous run's release has refilled (default 2; 0: "
+        "back to back)",
+    )
     p.add_argument("--minor", default="1.34", help="Kubernetes minor of the control plane")
     p.add_argument("--limit", type=float, default=120.0, help="bound for each wait (s)")
     p.add_argument("--workdir", type=Path, help="keep logs and state here")

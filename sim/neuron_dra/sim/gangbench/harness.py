@@ -29,9 +29,12 @@ from neuron_dra.sim.controlplane.base import is_active
 from neuron_dra.sim.paths import chart_crd_dir, repo_root
 from neuron_dra.sim.peerbench.stats import percentile
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
+from neuron_dra.sim.realcluster.processes import CONTROLLER_MANAGER, SCHEDULER
 from neuron_dra.sim.realnode.podspec import for_real_nodes
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
 from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE
+
+from . import trace
 
 T = TypeVar("T")
 JsonDict = dict[str, Any]
@@ -75,6 +78,19 @@ class Options:
     #: Who runs the nodes: ``simulated`` kubelets (the recorded figures; 24 nodes fit) or
     #: ``real`` kubelets and containerd (a machine runs about a dozen).
     nodes: str = "simulated"
+    #: Where the time goes (trace.py): the API server's audit log and the scheduler's and
+    #: controller manager's metrics around each run, reported pod by pod; the work
+    #: directory is kept. Costs the API server a little (its audit log).
+    trace: bool = False
+    #: ``-v`` of kube-scheduler and kube-controller-manager (a diagnosis; 0: their default).
+    verbosity: int = 0
+    #: Idle seconds before each apply. kube-controller-manager's clients may send 30
+    #: requests at once and then 20 a second (its --kube-api-burst / --kube-api-qps
+    #: defaults); the previous run's release spends the resourceclaim controller's budget
+    #: (a GET, a status update and a DELETE per claim), so an apply right after it waits on
+    #: that controller's client-side throttling. 2 s refills it: each run then measures an
+    #: apply on an idle cluster. 0: back to back, as the first two rounds measured.
+    settle: float = 2.0
 
     @property
     def pods(self) -> int:
@@ -89,6 +105,10 @@ class GangRun:
     ultraservers: list[str]
     #: ``kubectl delete`` started -> pods gone, claims unprepared, UltraServers Available.
     release: float = 0.0
+    #: Wall-clock start of the apply and the moment every pod was Prepared (``--trace``).
+    wall: tuple[float, float] = (0.0, 0.0)
+    #: Component -> metric deltas over the run (``--trace``).
+    metrics: dict[str, Any] | None = None
 
 
 @dataclass
@@ -266,15 +286,14 @@ async def one_run(
         return sim.view.get(RESOURCE_V1, "ResourceClaimTemplate", f"{name}-rct", NS) is not None
 
     def tagged() -> bool:
-        w = sim.workload(name, NS)
-        wid = (w.get("status") or {}).get("workloadId") if w else None
-        if not wid or not state():
-            return False
+        # Any workload's tag: a run starts with none (``free``). Not gated on ``Allocated``:
+        # the plugins tag as each NeuronUltraServer records its reservation, before the
+        # workload's final status write.
         nodes = {
             s["spec"]["nodeName"]
             for s in sim.slices()
             for d in s["spec"].get("devices") or []
-            if (d.get("attributes") or {}).get(c.ATTR_WORKLOAD_ID, {}).get("string") == wid
+            if (d.get("attributes") or {}).get(c.ATTR_WORKLOAD_ID, {}).get("string")
         }
         return len(nodes) >= n
 
@@ -298,6 +317,10 @@ async def one_run(
         "claims": claims,
         "prepared": prepared,
     }
+    if opts.settle > 0:
+        await asyncio.sleep(opts.settle)  # a fixed budget refills; no event tells when
+    before = await _scrape(cp) if opts.trace else {}
+    wall0 = time.time()
     start = time.monotonic()
     tasks = {
         phase: asyncio.ensure_future(
@@ -316,6 +339,12 @@ async def one_run(
     finally:
         for task in tasks.values():
             task.cancel()
+    wall = (wall0, time.time())
+    metrics = (
+        {k: trace.delta(before[k], v) for k, v in (await _scrape(cp)).items()}
+        if opts.trace
+        else None
+    )
     pods = prepared()
     workload = sim.workload(name, NS)
     assert pods is not None and workload is not None
@@ -325,7 +354,45 @@ async def one_run(
     start = time.monotonic()
     await kubectl(cp, "delete", "--wait=false", "-f", str(path))
     await sim.wait_until(lambda: free(sim), f"{name}: UltraServers free", opts.limit)
-    return GangRun(index, phases, used, release=time.monotonic() - start)
+    return GangRun(
+        index, phases, used, release=time.monotonic() - start, wall=wall, metrics=metrics
+    )
+
+
+async def _scrape(cp: RealControlPlane) -> dict[str, dict[trace.MetricKey, float]]:
+    scheduler, kcm = await asyncio.gather(
+        asyncio.to_thread(cp.metrics, SCHEDULER), asyncio.to_thread(cp.metrics, CONTROLLER_MANAGER)
+    )
+    return {
+        SCHEDULER: trace.parse_metrics(scheduler, trace.SCHEDULER_METRICS),
+        CONTROLLER_MANAGER: trace.parse_metrics(kcm, trace.KCM_METRICS),
+    }
+
+
+def trace_report(runs: Sequence[GangRun], audit_log: Path) -> str:
+    """Pod by pod, run by run (the audit log), then the summary and the metric deltas."""
+    with audit_log.open() as f:
+        writes = trace.parse_audit(f)
+    per_run: list[list[trace.PodTimes]] = []
+    out: list[str] = []
+    for r in runs:
+        t0, t1 = r.wall
+        pods = trace.pod_times(writes, t0, t1, f"gang-{r.index}-")
+        per_run.append(pods)
+        skip = ("pods/binding", "resourceclaims/status", "leases")
+        out += [
+            f"== run {r.index}: phases " + ", ".join(f"{k} {v:.3f}" for k, v in r.phases.items())
+        ]
+        out += [trace.pod_table(pods), *trace.others(writes, t0, t1, skip), ""]
+    out += ["== summary", trace.summary(per_run), ""]
+    for comp in (SCHEDULER, CONTROLLER_MANAGER):
+        deltas = [(r.metrics or {}).get(comp, {}) for r in runs]
+        out += [
+            f"== {comp} metrics, summed over {len(runs)} runs",
+            trace.metric_lines(deltas, ("",)),
+            "",
+        ]
+    return "\n".join(out)
 
 
 async def measure(opts: Options, cp: RealControlPlane, workdir: Path) -> GangResult:
@@ -367,11 +434,15 @@ def run(opts: Options) -> GangResult:
         raise ValueError(f"{opts.server_count} UltraServers wanted, {opts.ultraservers} exist")
     own = opts.workdir is None
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="ndra-gang-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    verbose = [f"-v={opts.verbosity}"] if opts.verbosity else []
     cp = RealControlPlane(
         bin_dir_for(opts.minor),
         opts.minor,
         workdir=workdir / "k8s",
         crd_paths=sorted(chart_crd_dir().glob("*.yaml")),
+        audit_policy=trace.AUDIT_POLICY if opts.trace else None,
+        component_args={SCHEDULER: verbose, CONTROLLER_MANAGER: verbose},
     )
     started = time.time()
     ok = False
@@ -382,11 +453,15 @@ def run(opts: Options) -> GangResult:
         result.kubernetes = str((versions.get("serverVersion") or {}).get("gitVersion") or "?")
         result.kubectl = str((versions.get("clientVersion") or {}).get("gitVersion") or "?")
         result.started, result.finished = started, time.time()
+        if opts.trace:
+            report = trace_report(result.runs, cp.audit_log)
+            (workdir / "trace.txt").write_text(report)
+            _progress(opts, f"trace in {workdir / 'trace.txt'} (logs in {cp.log_dir})")
         ok = True
         return result
     finally:
         cp.stop()
-        if own and ok:
+        if own and ok and not opts.trace:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
             _progress(opts, f"failed: logs kept in {workdir}")

@@ -73,6 +73,8 @@ class RealControlPlane:
     audit_policy: str | None = None
     #: Feature gates over the minor's profile (a test of a gate's other state).
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    #: Extra flags per component name (a diagnosis's log verbosity, say): appended last.
+    component_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     ready_limit: float = 90.0
     url: str = field(init=False, default="")
     _components: dict[str, Component] = field(init=False, default_factory=dict)
@@ -316,6 +318,7 @@ class RealControlPlane:
                     "--cert-dir", str(self.workdir / name),
                     "--feature-gates", gates,
                     *extra,
+                    *self.component_args.get(name, ()),
                 ],
                 f"https://127.0.0.1:{port}/healthz",
             )  # fmt: skip
@@ -343,6 +346,19 @@ class RealControlPlane:
             f"--audit-log-path={self.audit_log}",
             "--audit-log-maxsize=0",
         ]
+
+    def metrics(self, name: str) -> str:
+        """The Prometheus text of a running component's ``/metrics`` (kube-scheduler,
+        kube-controller-manager: their secure port, as the admin, whom they authorize by
+        delegation)."""
+        comp = self._components[name]
+        assert comp.health_url is not None and comp.health_url.startswith("https")
+        ctx = self._admin_ssl_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # their serving pair is self-signed
+        url = comp.health_url.rsplit("/", 1)[0] + "/metrics"
+        with urllib.request.urlopen(url, context=ctx, timeout=10) as r:
+            return str(r.read().decode())
 
     def _add(self, name: str, args: list[str], health_url: str) -> None:
         assert self.workdir is not None
