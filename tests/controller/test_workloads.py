@@ -1231,8 +1231,9 @@ async def test_stale_cache_loses_the_race_at_the_guarded_write(
         assert state(cluster, "a") == ALLOCATED
         result = await two.reconciler.reconcile("team-b/b")
         assert result.requeue_after == two.reconciler.retry_requeue
-        # The re-check on the freshly read object refused before anything was sent.
-        assert fake_apiserver.request_counts[("update", "neuronultraservers/status")] == 1
+        # Its write from the stale cache was refused by the server's resourceVersion guard
+        # (409), and the re-check on the freshly read object sent nothing more.
+        assert fake_apiserver.request_counts[("update", "neuronultraservers/status")] == 2
         assert [e["workloadRef"] for _, e in cluster.entries()] == [f"{NS}/a"]
         cluster.assert_no_double_booking()
         assert state(cluster, "b", "team-b") != ALLOCATED
@@ -1483,9 +1484,9 @@ async def test_interrupted_allocation_is_rolled_back_when_it_cannot_complete(
     cluster.add_ultraserver("us-a")
     cluster.add_ultraserver("us-b")
     cluster.create_workload("job", size=4, count=2)
-    # The response to the first entry write is lost: us-a's entry exists, us-b's not.
+    # us-b's entry write fails (the writes go out together): us-a's entry exists, us-b's not.
     fake_apiserver.faults.fail_next_write(
-        lambda r: r.resource == "neuronultraservers", after_commit=True
+        lambda r: r.resource == "neuronultraservers" and r.name == "us-b"
     )
     first = await Controller(fake_apiserver).start()
     try:

@@ -85,6 +85,46 @@ async def test_conflicts_exhaust_attempts(kube: KubeClient, fake_apiserver: Fake
     assert (await cms.get("busy", "default"))["data"]["n"] == "0"
 
 
+async def test_a_fresh_cached_object_saves_the_get(
+    kube: KubeClient, fake_apiserver: FakeAPIServer
+) -> None:
+    cms = kube.resource(CONFIG_MAPS)
+    cached = await cms.create(configmap("cached", n="0"))
+    gets = fake_apiserver.request_counts[("get", "configmaps")]
+    result = await update_with_retry(cms, "cached", "default", bump, current=cached)
+    assert result["data"]["n"] == "1"
+    assert fake_apiserver.request_counts[("get", "configmaps")] == gets, "no GET"
+
+
+async def test_a_stale_cached_object_costs_a_conflict_then_a_read(
+    kube: KubeClient, fake_apiserver: FakeAPIServer
+) -> None:
+    cms = kube.resource(CONFIG_MAPS)
+    stale = await cms.create(configmap("stale", n="0"))
+    await update_with_retry(cms, "stale", "default", bump)  # n=1 behind the cache's back
+    clock = InstantClock()
+    result = await update_with_retry(cms, "stale", "default", bump, current=stale, clock=clock)
+    assert result["data"]["n"] == "2", "applied to the fresh read, not the stale copy"
+    assert clock.sleeps == [], "a lagging cache is no race: no pause"
+
+
+async def test_no_change_is_judged_from_a_fresh_read(kube: KubeClient) -> None:
+    """A cache that says "already done" is not trusted: the server is asked."""
+    cms = kube.resource(CONFIG_MAPS)
+    stale = await cms.create(configmap("judge", n="0"))
+    await update_with_retry(cms, "judge", "default", bump)  # n=1 on the server
+
+    def to_zero(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if obj["data"]["n"] == "0":
+            return None
+        obj["data"]["n"] = "0"
+        return obj
+
+    result = await update_with_retry(cms, "judge", "default", to_zero, current=stale)
+    assert result["data"]["n"] == "0"
+    assert (await cms.get("judge", "default"))["data"]["n"] == "0"
+
+
 async def test_not_found_propagates(kube: KubeClient) -> None:
     with pytest.raises(errors.NotFoundError):
         await update_with_retry(kube.resource(CONFIG_MAPS), "nope", "default", bump)

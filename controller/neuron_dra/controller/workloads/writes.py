@@ -4,6 +4,7 @@ remembered in the fleet's overlay so the next read sees it before the cache does
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,21 +39,39 @@ class Writer:
     async def write_entries(self, wl: Workload, units: Sequence[Unit], leader: Unit) -> None:
         """Record ``units`` in their NeuronUltraServers, one status write per UltraServer;
         raises AllocationRaceError if a unit's nodes are no longer free on the object the
-        write is guarded by. Idempotent."""
+        write is guarded by. Idempotent.
+
+        The writes go out together, not one after the other: each node plugin tags its
+        slice as soon as its NeuronUltraServer records the reservation, and pods applied
+        with the workload are tried by the scheduler from then on (one tried before its
+        node is tagged is unschedulable and waits out a back-off). Every write is awaited
+        before the first failure is raised, so the caller re-plans from a settled record;
+        a partial record is what a failure midway left before too (``maintain`` completes
+        or releases it)."""
         now = rfc3339(self.ctx.clock.wall())
         groups: dict[str, list[Unit]] = {}
         for unit in units:
             groups.setdefault(unit.ultraserver, []).append(unit)
-        for name, group in groups.items():
-            mutate = entries.add_entries(
-                wl.key,
-                wl.wid,
-                group,
-                leader=leader.nodes[0],
-                node_count=wl.topology_size,
-                now=now,
-            )
-            await self._write_nus(name, mutate)
+        results = await asyncio.gather(
+            *(
+                self._write_nus(
+                    name,
+                    entries.add_entries(
+                        wl.key,
+                        wl.wid,
+                        group,
+                        leader=leader.nodes[0],
+                        node_count=wl.topology_size,
+                        now=now,
+                    ),
+                )
+                for name, group in groups.items()
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def remove_entries(self, held: Sequence[Held]) -> None:
         """Drop ``held`` from their NeuronUltraServers (matched by ref, index and id)."""
@@ -96,6 +115,8 @@ class Writer:
                 mutate,
                 status=True,
                 clock=self.ctx.clock,
+                # As we last wrote or cached it: one round trip instead of a GET and a PUT.
+                current=self.fleet.nus_named(name),
             )
         except ConflictError as exc:
             raise AllocationRaceError(f"{name} kept changing: {exc}") from exc
@@ -156,6 +177,7 @@ class Writer:
             wl.namespace,
             FINALIZER_WORKLOAD,
             clock=self.ctx.clock,
+            current=self.fleet.workload(wl.key),
         )
         self.fleet.remember_workload(obj)
         return obj
