@@ -11,6 +11,10 @@ Off CI it skips when the Kubernetes components are not built (``hack/k8s/build -
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import yaml
 from neuron_dra.sim.gangbench.__main__ import report
 from neuron_dra.sim.gangbench.harness import (
@@ -62,9 +66,27 @@ def test_table_percentiles_and_steps() -> None:
 
 def test_gang_start_smoke() -> None:
     require_built(MINOR)
-    # Small (2 x 4 on 3 UltraServers, one run): CI runs it; the recorded run is 4 x 4.
-    opts = Options(runs=1, ultraservers=3, server_count=2, minor=MINOR, limit=60.0, progress=False)
-    result = run(opts)
+    # Small (2 x 4 on 3 UltraServers, one run): CI runs it; the recorded run is 4 x 4. With
+    # --trace, so the audit log and the components' /metrics are read as the real ones are.
+    # A short path: the plugins' sockets live under it (107-byte limit).
+    root = Path(tempfile.mkdtemp(prefix="ndra-gt-", dir="/tmp"))
+    workdir = root / "g"
+    opts = Options(
+        runs=1,
+        ultraservers=3,
+        server_count=2,
+        minor=MINOR,
+        limit=60.0,
+        progress=False,
+        trace=True,
+        settle=0.0,
+        workdir=workdir,
+    )
+    try:
+        result = run(opts)
+        trace = (workdir / "trace.txt").read_text()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     assert result.kubernetes.startswith("v1.34.") and result.nodes == 12
     assert len(result.runs) == 1
     for r in result.runs:
@@ -75,5 +97,12 @@ def test_gang_start_smoke() -> None:
         assert t["applied"] > 0 and t["allocated"] > 0 and t["tagged"] > 0
         assert 0 < t["template"] <= t["created"] <= t["claims"] <= t["prepared"] < 60
         assert len(r.ultraservers) == 2 and 0 < r.release < 60
+        # The trace: both components scraped, every pod's way read from the audit log.
+        assert r.metrics is not None and set(r.metrics) == {
+            "kube-scheduler",
+            "kube-controller-manager",
+        }
+        assert any("scheduler_schedule_attempts_total" in k for k in r.metrics["kube-scheduler"])
+    assert "== summary" in trace and trace.count("gang-0-") >= 8, trace[:2000]
     text = report(result, ["--runs", "1"])
     assert "every pod Prepared with its rank" in text and "n=1" in text
