@@ -8,9 +8,11 @@ Off CI it skips when the Kubernetes components or the Go peer are not built
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
+from neuron_dra.sim.peerbench import kubeletmetrics as km
 from neuron_dra.sim.peerbench.harness import Options, run
 from neuron_dra.sim.peerbench.observe import parse_sum_count
 from neuron_dra.sim.peerbench.stats import (
@@ -128,3 +130,56 @@ def test_parse_sum_count_adds_label_sets() -> None:
     )
     assert parse_sum_count(text, "m_seconds") == (0.30, 5)
     assert parse_sum_count(text, "absent") is None
+
+
+_METHOD = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+_OK = f'driver_name="d.example.com",grpc_status_code="OK",method_name="{_METHOD}"'
+_FAILED = f'driver_name="d.example.com",grpc_status_code="Unavailable",method_name="{_METHOD}"'
+_STEP = 'is_error="false",operation_name="PrepareResources"'
+_GRPC = "dra_grpc_operations_duration_seconds"
+_OPS = "dra_operations_duration_seconds"
+#: A kubelet's /metrics, cut down: one driver's Prepare calls (one failed), a pod step.
+_KUBELET_PAGE = "\n".join(
+    [
+        f"# HELP {_GRPC} [ALPHA] Duration in seconds of the DRA gRPC operations",
+        f"# TYPE {_GRPC} histogram",
+        f'{_GRPC}_bucket{{{_OK},le="0.1"}} 3',
+        f'{_GRPC}_bucket{{{_OK},le="0.15"}} 4',
+        f'{_GRPC}_bucket{{{_OK},le="+Inf"}} 4',
+        f"{_GRPC}_sum{{{_OK}}} 0.125",
+        f"{_GRPC}_count{{{_OK}}} 4",
+        f'{_GRPC}_bucket{{{_FAILED},le="+Inf"}} 1',
+        f"{_GRPC}_sum{{{_FAILED}}} 5",
+        f"{_GRPC}_count{{{_FAILED}}} 1",
+        f"# HELP {_OPS} [ALPHA] Latency histogram",
+        f"# TYPE {_OPS} histogram",
+        f'{_OPS}_bucket{{{_STEP},le="0.1"}} 4',
+        f'{_OPS}_bucket{{{_STEP},le="+Inf"}} 4',
+        f"{_OPS}_sum{{{_STEP}}} 0.2",
+        f"{_OPS}_count{{{_STEP}}} 4",
+        "kubelet_other_seconds_sum 3",
+    ]
+)
+
+
+def test_kubelet_histograms_per_call_and_buckets() -> None:
+    prepare = km.grpc_match("d.example.com", km.PREPARE_METHOD)
+    h = km.histogram(_KUBELET_PAGE, km.GRPC_METRIC, prepare)
+    assert h is not None
+    assert (h.sum, h.count) == (0.125, 4)  # the Unavailable call is not counted
+    assert h.buckets == ((0.1, 3), (0.15, 4), (math.inf, 4))
+    assert h.finite_bounds == [0.1, 0.15]
+    assert km.histogram(_KUBELET_PAGE, km.GRPC_METRIC, km.grpc_match("x", "y")) is None
+    step = km.histogram(_KUBELET_PAGE, km.OPERATIONS_METRIC, km.operation_match("PrepareResources"))
+    assert step is not None and step.count == 4
+    # One more call of 7 ms between two scrapes: its duration is the sums' difference.
+    later = km.Histogram(((0.1, 4), (0.15, 5), (math.inf, 5)), 0.132, 5)
+    assert km.per_call(later, h) == pytest.approx(0.007)
+    assert km.per_call(h, h) is None  # none yet
+    assert km.per_call(later, None) is None  # five observations, not one
+    # Interpolated within buckets, as histogram_quantile: rank 2 of 4 in [0, 0.1] with 3.
+    assert km.bucket_quantile(h, 0.5) == pytest.approx(0.1 * 2 / 3)
+    assert km.bucket_quantile(h, 0.99) == pytest.approx(0.1 + 0.05 * (3.96 - 3))
+    inf = km.Histogram(((0.1, 0), (math.inf, 2)), 1.0, 2)
+    assert km.bucket_quantile(inf, 0.5) == 0.1  # in +Inf: the last finite bound
+    assert math.isnan(km.bucket_quantile(km.Histogram((), 0.0, 0), 0.5))

@@ -2,6 +2,7 @@
 
     hack/bench/peer [--cycles 10000] [--warmup 200] [--batches 100] [--starts 3]
                     [--floor-calls 300] [--minor 1.34] [--json PATH] [--profile-ours PATH]
+    hack/bench/peer --kubelets real [--rounds 100] [--warmup-rounds 5] [--json PATH]
 
 Needs the real Kubernetes components (``hack/k8s/build --version 1.34``) and the peer
 (``hack/bench/build-peer``).
@@ -22,7 +23,8 @@ from neuron_dra.sim.frontend import machine_line, options_from
 
 from .driver import OUR_INSTANCE_TYPE
 from .harness import Options, RunResult, run
-from .stats import Latency, markdown_table, rows, targets_met
+from .realkubelet import RealOptions, RealResult, run_real
+from .stats import Latency, markdown_table, real_rows, rows, targets_met
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, help="keep logs and state here")
     p.add_argument("--no-compile", action="store_true", help="do not byte-compile first")
     p.add_argument("--json", type=Path, help="write every raw figure here")
+    p.add_argument(
+        "--kubelets",
+        choices=("harness", "real"),
+        default="harness",
+        help="who calls the plugins: the harness itself (default: the table above), or a "
+        "real kubelet per driver on two real nodes, whose own DRA histograms are read",
+    )
+    p.add_argument("--rounds", type=int, default=100, help="--kubelets real: measured rounds")
+    p.add_argument(
+        "--warmup-rounds", type=int, default=5, help="--kubelets real: unmeasured rounds first"
+    )
     p.add_argument(
         "--profile-ours",
         type=Path,
@@ -94,6 +107,47 @@ def report(result: RunResult, opts: Options, argv: list[str]) -> str:
     return "\n".join(lines)
 
 
+def real_report(result: RealResult, argv: list[str]) -> str:
+    """The printed report of ``--kubelets real``."""
+    ours, peer = result.ours, result.peer
+    bounds = ", ".join(f"{b:g}" for b in result.bucket_bounds[:4])
+    lines = [
+        f"command: hack/bench/peer {shlex.join(argv)}".rstrip(),
+        f"{machine_line()}; {_go_version()}",
+        f"kubernetes {result.kubernetes} (control plane and both kubelets; containerd, runc)",
+        f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE}); peer: {peer.version}",
+        f"run took {result.finished - result.started:.0f} s; {len(result.to_running)} rounds "
+        f"of one pod per driver with one one-device claim, created together",
+        "",
+        markdown_table(real_rows(ours, peer), "ours", "peer"),
+        "",
+        f"the kubelet's DRA histogram buckets (s): {bounds} ... (le=0.1 is the first: every "
+        "call of a few ms is in it; the per-call figures are the differences of the _sum "
+        "across each round)",
+        "measured rounds' Prepare calls by bucket (le: count): ours "
+        + _buckets(ours.prepare_buckets)
+        + "; peer "
+        + _buckets(peer.prepare_buckets),
+        f"rounds left out (a Prepare or Unprepare not counted once): ours {ours.skipped}, "
+        f"peer {peer.skipped}",
+    ]
+    if result.to_running:
+        lat = Latency.of(result.to_running)
+        lines.append(f"both pods created -> both Running: p50 {lat.p50:.2f} s, p99 {lat.p99:.2f} s")
+    for v in (ours, peer):
+        if v.own_prepare_mean is not None and v.prepare:
+            lines.append(
+                f"{v.label}: the plugin's own Prepare histogram mean "
+                f"{v.own_prepare_mean * 1000:.2f} ms of the kubelet's "
+                f"{sum(v.prepare) / len(v.prepare) * 1000:.2f} ms"
+            )
+    return "\n".join(lines)
+
+
+def _buckets(buckets: tuple[tuple[float, float], ...]) -> str:
+    return " ".join(f"{le:g}:{n:g}" for le, n in buckets if n) or "-"
+
+
 def split(result: RunResult) -> list[str]:
     """Each driver's one-claim Prepare (means over the cycles) split by its own histogram."""
     ours, peer = result.ours, result.peer
@@ -126,6 +180,13 @@ def split(result: RunResult) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
+    if args.kubelets == "real":
+        real = options_from(RealOptions, args, compile=not args.no_compile)
+        got = run_real(real)
+        print(real_report(got, args_list), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(asdict(got), indent=1))
+        return 0
     opts = options_from(Options, args, compile=not args.no_compile)
     result = run(opts)
     print(report(result, opts, args_list), flush=True)

@@ -135,15 +135,23 @@ async def allocated_claims(kube: KubeClient, d: Driver) -> list[ClaimRef] | None
 
 
 async def setup(kube: KubeClient, drivers: Sequence[Driver], leases: list[NodeLease]) -> None:
-    await ensure_namespace(kube, NAMESPACE)
-    await ensure_device_classes(kube)
-    with contextlib.suppress(AlreadyExistsError):
-        await kube.resource(DEVICE_CLASSES).create(peer_device_class())
+    """The namespace and both DeviceClasses, and a Node (kept Ready by a Lease) per driver:
+    the harness plays the kubelets."""
     for index, d in enumerate(drivers):
         await register_node(kube, SimNode(d.node, OUR_INSTANCE_TYPE), index)
         lease = NodeLease(kube, d.node)
         lease.start()
         leases.append(lease)
+    await setup_classes(kube)
+
+
+async def setup_classes(kube: KubeClient) -> None:
+    """The namespace (with its default ServiceAccount, which pods need) and both drivers'
+    DeviceClasses."""
+    await ensure_namespace(kube, NAMESPACE)
+    await ensure_device_classes(kube)
+    with contextlib.suppress(AlreadyExistsError):
+        await kube.resource(DEVICE_CLASSES).create(peer_device_class())
 
     async def default_sa() -> bool:
         try:

@@ -48,6 +48,8 @@ class Driver:
     #: its own work, no GET).
     metrics_port: int | None = None
     prepare_metric: str = ""
+    #: Where ``plugin.log`` goes (default: ``root``; with a real kubelet, the node's logs).
+    log_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.figures = DriverFigures(self.label, self.version)
@@ -62,7 +64,7 @@ class Driver:
 
     @property
     def log(self) -> Path:
-        return self.root / "plugin.log"
+        return (self.log_dir or self.root) / "plugin.log"
 
     @property
     def pid(self) -> int:

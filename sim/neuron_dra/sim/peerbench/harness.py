@@ -74,7 +74,7 @@ async def measure(
 ) -> list[Driver]:
     kubeconfig = cp.kubeconfig(ADMIN)
     ours = Driver(
-        OURS, DRIVER_NAME, DRIVER_NAME, "bench-ours", _our_version(),
+        OURS, DRIVER_NAME, DRIVER_NAME, "bench-ours", our_version(),
         workdir / OURS, cdi_base / OURS,
         our_argv,
     )  # fmt: skip
@@ -189,7 +189,7 @@ async def _measure(
         d.figures.rss_end_kib = rss_kib(d.pid)
 
 
-def _our_version() -> str:
+def our_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -236,7 +236,7 @@ def run(opts: Options) -> RunResult:
             drivers[0].figures,
             drivers[1].figures,
             claim_get,
-            _server_version(kubernetes),
+            server_version(kubernetes),
             started,
             time.time(),
             {d.label: str(d.log) for d in drivers},
@@ -250,7 +250,7 @@ def run(opts: Options) -> RunResult:
             _progress(f"failed: logs kept in {workdir}")
 
 
-def _server_version(kubectl_json: str) -> str:
+def server_version(kubectl_json: str) -> str:
     import json
 
     info = json.loads(kubectl_json).get("serverVersion") or {}

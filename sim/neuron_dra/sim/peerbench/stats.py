@@ -208,3 +208,57 @@ def markdown_table(table: Sequence[Row], ours_name: str, peer_name: str) -> str:
     ]
     lines += [f"| {r.measure} | {r.ours} | {r.peer} | {r.ratio} | {r.target} |" for r in table]
     return "\n".join(lines)
+
+
+@dataclass
+class KubeletView:
+    """One driver as its real kubelet saw it over the measured rounds (one pod, one claim
+    each): per-call seconds from the kubelet's own histograms (the difference of their
+    ``_sum`` across a round, :func:`.kubeletmetrics.per_call`)."""
+
+    label: str
+    version: str
+    #: ``dra_grpc_operations_duration_seconds``: the gRPC call, timed by the kubelet's client.
+    prepare: list[float] = field(default_factory=list)
+    unprepare: list[float] = field(default_factory=list)
+    #: ``dra_operations_duration_seconds``: the kubelet's whole step for the pod (its claim
+    #: lookups and checkpoint around the call).
+    prepare_step: list[float] = field(default_factory=list)
+    unprepare_step: list[float] = field(default_factory=list)
+    #: The measured rounds' Prepare calls in the kubelet's buckets: ((le, count), ...).
+    prepare_buckets: tuple[tuple[float, float], ...] = ()
+    prepare_bucket_p50: float = 0.0
+    prepare_bucket_p99: float = 0.0
+    #: Rounds whose Prepare or Unprepare was not one observation (a retry): left out.
+    skipped: int = 0
+    #: Mean seconds per claim of the driver's own Prepare histogram over the rounds.
+    own_prepare_mean: float | None = None
+
+
+def real_rows(ours: KubeletView, peer: KubeletView) -> list[Row]:
+    """The real-kubelet table: the kubelet's per-call figures, then what its buckets say."""
+    out: list[Row] = []
+    for name, a, b, targets in (
+        ("Prepare, 1 claim (kubelet's gRPC histogram)", ours.prepare, peer.prepare, True),
+        ("Unprepare, 1 claim (kubelet's gRPC histogram)", ours.unprepare, peer.unprepare, False),
+        ("kubelet PrepareResources step", ours.prepare_step, peer.prepare_step, False),
+        ("kubelet UnprepareResources step", ours.unprepare_step, peer.unprepare_step, False),
+    ):
+        out += _latency_rows(name, a, b, targets)
+        if a and b:
+            ma, mb = sum(a) / len(a), sum(b) / len(b)
+            out.append(Row(f"{name} mean", _ms(ma), _ms(mb), _fmt_ratio(_ratio(ma, mb)), ""))
+    for q, x, y in (
+        ("p50", ours.prepare_bucket_p50, peer.prepare_bucket_p50),
+        ("p99", ours.prepare_bucket_p99, peer.prepare_bucket_p99),
+    ):
+        out.append(
+            Row(
+                f"Prepare {q} interpolated in the kubelet's buckets",
+                _ms(x),
+                _ms(y),
+                _fmt_ratio(_ratio(x, y)),
+                "",
+            )
+        )
+    return out
