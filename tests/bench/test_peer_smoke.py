@@ -135,7 +135,7 @@ def test_parse_sum_count_adds_label_sets() -> None:
 _METHOD = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 _OK = f'driver_name="d.example.com",grpc_status_code="OK",method_name="{_METHOD}"'
 _FAILED = f'driver_name="d.example.com",grpc_status_code="Unavailable",method_name="{_METHOD}"'
-_STEP = 'is_error="false",operation_name="PrepareResources"'
+_STEP = 'is_error="true",operation_name="PrepareResources"'  # 1.34: true on success
 _GRPC = "dra_grpc_operations_duration_seconds"
 _OPS = "dra_operations_duration_seconds"
 #: A kubelet's /metrics, cut down: one driver's Prepare calls (one failed), a pod step.

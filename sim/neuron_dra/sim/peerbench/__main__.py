@@ -124,7 +124,7 @@ def real_report(result: RealResult, argv: list[str]) -> str:
         f"the kubelet's DRA histogram buckets (s): {bounds} ... (le=0.1 is the first: every "
         "call of a few ms is in it; the per-call figures are the differences of the _sum "
         "across each round)",
-        "measured rounds' Prepare calls by bucket (le: count): ours "
+        "measured rounds' Prepare calls by bucket: ours "
         + _buckets(ours.prepare_buckets)
         + "; peer "
         + _buckets(peer.prepare_buckets),
@@ -145,7 +145,13 @@ def real_report(result: RealResult, argv: list[str]) -> str:
 
 
 def _buckets(buckets: tuple[tuple[float, float], ...]) -> str:
-    return " ".join(f"{le:g}:{n:g}" for le, n in buckets if n) or "-"
+    """The calls in each bucket (not cumulative), empty buckets left out."""
+    out, below = [], 0.0
+    for le, cumulative in buckets:
+        if cumulative > below:
+            out.append(f"le={le:g}: {cumulative - below:g}")
+        below = cumulative
+    return ", ".join(out) or "-"
 
 
 def split(result: RunResult) -> list[str]:

@@ -92,10 +92,12 @@ def grpc_match(driver: str, method: str) -> Callable[[Labels], bool]:
 
 
 def operation_match(operation: str) -> Callable[[Labels], bool]:
-    """The successful ``PrepareResources`` or ``UnprepareResources`` steps of pods."""
+    """The ``PrepareResources`` or ``UnprepareResources`` steps of pods, failed or not: the
+    1.34 kubelet labels a step ``is_error=strconv.FormatBool(err == nil)``, so a success
+    reads ``is_error="true"``; either label is taken rather than trusting one meaning."""
 
     def match(labels: Labels) -> bool:
-        return labels.get("operation_name") == operation and labels.get("is_error") == "false"
+        return labels.get("operation_name") == operation
 
     return match
 

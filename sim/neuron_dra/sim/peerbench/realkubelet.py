@@ -25,15 +25,21 @@ import ssl
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from neuron_dra.common.constants import DRIVER_NAME
-from neuron_dra.common.k8s.client import PODS, RESOURCE_CLAIM_TEMPLATES, KubeClient, connect
-from neuron_dra.common.k8s.errors import AlreadyExistsError, GoneError
+from neuron_dra.common.k8s.client import (
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    KubeClient,
+    connect,
+)
+from neuron_dra.common.k8s.errors import AlreadyExistsError, GoneError, NotFoundError
 from neuron_dra.sim.paths import chart_crd_dir
 from neuron_dra.sim.peerbuild import PEER_MODULE, peer_binary, peer_module
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for, free_port
@@ -44,7 +50,7 @@ from neuron_dra.sim.realnode.node import RealNode
 from neuron_dra.sim.waiting import Listeners, wait_until
 
 from . import kubeletmetrics as km
-from .apiserver import setup_classes
+from .apiserver import setup_classes, wait_for
 from .driver import NAMESPACE, OUR_INSTANCE_TYPE, PEER_DRIVER, Driver, our_argv, peer_argv
 from .harness import our_version, server_version
 from .observe import (
@@ -242,6 +248,17 @@ class Scrape:
         )
 
 
+def _node_exists(kube: KubeClient, name: str) -> Callable[[], Awaitable[bool]]:
+    async def exists() -> bool:
+        try:
+            await kube.resource(NODES).get(name)
+        except NotFoundError:
+            return False
+        return True
+
+    return exists
+
+
 def _count(h: km.Histogram | None) -> float:
     return h.count if h is not None else 0.0
 
@@ -307,11 +324,13 @@ async def measure_real(
         try:
             await setup_classes(kube)
             for d in drivers:
+                # Each plugin owns its slices by its Node, which the kubelet registers a
+                # moment after it turns healthy.
+                await wait_for(_node_exists(kube, d.node), f"Node {d.node}", opts.limit)
                 with contextlib.suppress(AlreadyExistsError):
                     await kube.resource(RESOURCE_CLAIM_TEMPLATES).create(claim_template(d))
                 took = await start_plugin(d, kube, kubeconfig)
                 _progress(f"{d.label} published its slice {took:.2f} s after its start")
-            drivers[0].metrics_port = our_http_port(drivers[0].log)
             await pods.start()
             last = {
                 d.label: Scrape.of(await metrics.text(nodes[d.label]), d.driver_name)
@@ -322,6 +341,8 @@ async def measure_real(
             for i in range(opts.warmup_rounds + opts.rounds):
                 if i == opts.warmup_rounds:
                     first = dict(last)
+                    # Printed once it serves: by now (registered, pods prepared), surely.
+                    drivers[0].metrics_port = our_http_port(drivers[0].log)
                     own0 = {d.label: await prepare_metric(d) for d in drivers}
                     _progress(f"{opts.warmup_rounds} warm-up rounds done")
                 took = await one_round(kube, pods, drivers, i, opts.limit)
@@ -392,6 +413,7 @@ def run_real(opts: RealOptions) -> RealResult:
     peer_binary()  # fail early, saying how to build it
     # Short: the nodes' socket paths under it must fit a sun_path.
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="ndra-pk-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
     cp = RealControlPlane(
         bin_dir_for(opts.minor),
         opts.minor,
