@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup-rounds", type=int, default=5, help="--kubelets real: unmeasured rounds first"
     )
     p.add_argument(
+        "--one-at-a-time",
+        dest="together",
+        action="store_false",
+        help="--kubelets real: each driver's pod alone, in turn (default: both at once)",
+    )
+    p.add_argument(
         "--profile-ours",
         type=Path,
         metavar="PATH",
@@ -117,7 +123,8 @@ def real_report(result: RealResult, argv: list[str]) -> str:
         f"kubernetes {result.kubernetes} (control plane and both kubelets; containerd, runc)",
         f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE}); peer: {peer.version}",
         f"run took {result.finished - result.started:.0f} s; {len(result.to_running)} rounds "
-        f"of one pod per driver with one one-device claim, created together",
+        f"of one pod per driver with one one-device claim, "
+        + ("created together" if result.together else "one driver's after the other's"),
         "",
         markdown_table(real_rows(ours, peer), "ours", "peer"),
         "",

@@ -10,10 +10,10 @@ relay, as the harness's plugins do.
 
 Then rounds of: one pod per driver, each with one one-device claim (from a
 ResourceClaimTemplate), created together; wait until both are Running (a watch); delete
-both; wait until both are gone. After each round each kubelet's ``/metrics`` is read: the
-difference of its DRA histograms' sums across the round is that round's Prepare and
-Unprepare as the kubelet timed them (:mod:`.kubeletmetrics`: the buckets start at 100 ms,
-too coarse for a few-millisecond call).
+both; wait until both are gone (``--one-at-a-time``: each driver's pod alone, in turn).
+After each round each kubelet's ``/metrics`` is read: the difference of its DRA histograms'
+sums across the round is that round's Prepare and Unprepare as the kubelet timed them
+(:mod:`.kubeletmetrics`: the buckets start at 100 ms, too coarse for a few-millisecond call).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from .observe import (
     our_http_port,
     prepare_metric,
 )
-from .plugins import start_plugin, stop_plugin
+from .plugins import alternating, start_plugin, stop_plugin
 from .stats import OURS, PEER, KubeletView
 
 NODE_LABELS = {"node.kubernetes.io/instance-type": OUR_INSTANCE_TYPE}
@@ -80,6 +80,9 @@ class RealOptions:
     compile: bool = True
     #: Bound for each awaited condition (seconds).
     limit: float = 120.0
+    #: Both drivers' pods at once (they share the CPUs at the moment of the calls), or one
+    #: driver's pod after the other's is gone (``--one-at-a-time``).
+    together: bool = True
 
 
 @dataclass
@@ -93,6 +96,7 @@ class RealResult:
     to_running: list[float] = field(default_factory=list)
     #: The kubelet's bucket bounds (seconds), as read.
     bucket_bounds: list[float] = field(default_factory=list)
+    together: bool = True
 
 
 def _progress(message: str) -> None:
@@ -294,10 +298,23 @@ def record(view: KubeletView, after: Scrape, before: Scrape) -> None:
 
 
 async def one_round(
+    kube: KubeClient, pods: PodWatch, drivers: list[Driver], i: int, opts: RealOptions
+) -> float:
+    """Both pods together (created, Running, deleted, gone), or each driver's alone, the
+    first one first on even rounds; seconds from the creates to Running (added up)."""
+    if opts.together:
+        return await _pods_round(kube, pods, drivers, i, opts.limit)
+    took = 0.0
+    for d in alternating(drivers, i):
+        took += await _pods_round(kube, pods, [d], i, opts.limit)
+    return took
+
+
+async def _pods_round(
     kube: KubeClient, pods: PodWatch, drivers: list[Driver], i: int, limit: float
 ) -> float:
-    """Create both pods, wait until both run, delete both, wait until both are gone;
-    seconds from the creates to both Running."""
+    """Create the drivers' pods, wait until all run, delete them, wait until all are gone;
+    seconds from the creates to all Running."""
     names = [f"{d.label}-{i}" for d in drivers]
     api = kube.resource(PODS)
     t0 = time.perf_counter()
@@ -345,7 +362,7 @@ async def measure_real(
                     drivers[0].metrics_port = our_http_port(drivers[0].log)
                     own0 = {d.label: await prepare_metric(d) for d in drivers}
                     _progress(f"{opts.warmup_rounds} warm-up rounds done")
-                took = await one_round(kube, pods, drivers, i, opts.limit)
+                took = await one_round(kube, pods, drivers, i, opts)
                 for d in drivers:
                     now = await scrape_after_round(
                         metrics, nodes[d.label], d, last[d.label], opts.limit
@@ -435,6 +452,7 @@ def run_real(opts: RealOptions) -> RealResult:
             server_version(cp.kubectl("version", "-o", "json")),
             started,
             0.0,
+            together=opts.together,
         )
         asyncio.run(measure_real(opts, cp, nodes, result))
         result.finished = time.time()
