@@ -13,15 +13,18 @@ import os
 
 import pytest
 from neuron_dra.sim.peerbench import kubeletmetrics as km
+from neuron_dra.sim.peerbench.__main__ import _buckets
 from neuron_dra.sim.peerbench.harness import Options, run
 from neuron_dra.sim.peerbench.observe import parse_sum_count
 from neuron_dra.sim.peerbench.stats import (
     OURS,
     PEER,
     DriverFigures,
+    KubeletView,
     Latency,
     markdown_table,
     percentile,
+    real_rows,
     rows,
     targets_met,
 )
@@ -183,3 +186,18 @@ def test_kubelet_histograms_per_call_and_buckets() -> None:
     inf = km.Histogram(((0.1, 0), (math.inf, 2)), 1.0, 2)
     assert km.bucket_quantile(inf, 0.5) == 0.1  # in +Inf: the last finite bound
     assert math.isnan(km.bucket_quantile(km.Histogram((), 0.0, 0), 0.5))
+
+
+def test_real_kubelet_table() -> None:
+    ours = KubeletView(OURS, "v", prepare=[0.004] * 98 + [0.020] * 2, unprepare=[0.002] * 100)
+    peer = KubeletView(PEER, "v", prepare=[0.005] * 98 + [0.010] * 2, unprepare=[0.002] * 100)
+    ours.prepare_bucket_p50 = peer.prepare_bucket_p50 = 0.05
+    table = {r.measure: r for r in real_rows(ours, peer)}
+    p50 = table["Prepare, 1 claim (kubelet's gRPC histogram) p50 (n=100)"]
+    assert (p50.ours, p50.peer, p50.ratio) == ("4.00 ms", "5.00 ms", "0.80")
+    assert p50.target.endswith("met") and "MISSED" not in p50.target
+    p99 = table["Prepare, 1 claim (kubelet's gRPC histogram) p99 (n=100)"]
+    assert p99.ratio == "2.00" and "MISSED" in p99.target
+    assert table["Prepare p50 interpolated in the kubelet's buckets"].ratio == "1.00"
+    assert not any("step" in m for m in table)  # no step figures: no rows for them
+    assert _buckets(((0.1, 3.0), (0.15, 3.0), (math.inf, 4.0))) == "le=0.1: 3, le=inf: 1"
