@@ -140,7 +140,9 @@ def real_report(result: RealResult, argv: list[str]) -> str:
     ]
     if result.to_running:
         lat = Latency.of(result.to_running)
-        lines.append(f"both pods created -> both Running: p50 {lat.p50:.2f} s, p99 {lat.p99:.2f} s")
+        lines.append(
+            f"pods created -> Running, per round: p50 {lat.p50:.2f} s, p99 {lat.p99:.2f} s"
+        )
     for v in (ours, peer):
         if v.own_prepare_mean is not None and v.prepare:
             lines.append(
