@@ -45,7 +45,7 @@ from neuron_dra.sim.peerbuild import PEER_MODULE, peer_binary, peer_module
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for, free_port
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.images import TEST_IMAGE
-from neuron_dra.sim.realnode.layout import KUBELET_ROOT
+from neuron_dra.sim.realnode.layout import KUBELET_ROOT, NodeLayout
 from neuron_dra.sim.realnode.node import RealNode
 from neuron_dra.sim.waiting import Listeners, wait_until
 
@@ -59,6 +59,9 @@ from .observe import (
     compile_project,
     our_http_port,
     prepare_metric,
+    start_profiler,
+    stop_profiler,
+    tmpfs_dir,
 )
 from .plugins import alternating, start_plugin, stop_plugin
 from .stats import OURS, PEER, KubeletView
@@ -80,6 +83,8 @@ class RealOptions:
     compile: bool = True
     #: Bound for each awaited condition (seconds).
     limit: float = 120.0
+    #: Sample our plugin with ``py-spy record --pid`` over the measured rounds into this file.
+    profile_ours: Path | None = None
     #: Both drivers' pods at once (they share the CPUs at the moment of the calls), or one
     #: driver's pod after the other's is gone (``--one-at-a-time``).
     together: bool = True
@@ -354,6 +359,7 @@ async def measure_real(
                 for d in drivers
             }
             first: dict[str, Scrape] = {}
+            profiler: asyncio.subprocess.Process | None = None
             own0: dict[str, tuple[float, int] | None] = {}
             for i in range(opts.warmup_rounds + opts.rounds):
                 if i == opts.warmup_rounds:
@@ -361,6 +367,7 @@ async def measure_real(
                     # Printed once it serves: by now (registered, pods prepared), surely.
                     drivers[0].metrics_port = our_http_port(drivers[0].log)
                     own0 = {d.label: await prepare_metric(d) for d in drivers}
+                    profiler = await start_profiler(opts.profile_ours, drivers[0].pid)
                     _progress(f"{opts.warmup_rounds} warm-up rounds done")
                 took = await one_round(kube, pods, drivers, i, opts)
                 for d in drivers:
@@ -375,6 +382,7 @@ async def measure_real(
                     done = i + 1 - opts.warmup_rounds
                     if done % 20 == 0:
                         _progress(f"{done}/{opts.rounds} rounds")
+            await stop_profiler(profiler)
             for d in drivers:
                 _finish(views[d.label], last[d.label], first.get(d.label), result)
                 before, after = own0.get(d.label), await prepare_metric(d)
@@ -422,6 +430,20 @@ def _driver(label: str, node: RealNode) -> Driver:
     return d
 
 
+def cdi_on_tmpfs(node_root: Path, base: Path) -> Path:
+    """Make the node's ``/var/run/cdi`` a directory of ``base`` (tmpfs), before the node
+    exists: on a node ``/run`` is a tmpfs, where our CDI spec's fsyncs cost nothing, but a
+    real node here keeps its ``/run`` on the work directory's disk. A symlink, because the
+    plugins run on the host and containerd inside the node's mount namespace, where the
+    host's ``/dev/shm`` is the same."""
+    link = NodeLayout(node_root.name, node_root).cdi_dir
+    target = base / node_root.name
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+    return target
+
+
 def run_real(opts: RealOptions) -> RealResult:
     """Start a control plane and two real nodes (from the main thread: their processes die
     with it), measure both drivers through their kubelets, stop everything."""
@@ -438,12 +460,16 @@ def run_real(opts: RealOptions) -> RealResult:
         crd_paths=sorted(chart_crd_dir().glob("*.yaml")),  # our plugin watches NeuronUltraServers
     )
     fleet: RealNodeFleet | None = None
+    cdi_base = Path(tempfile.mkdtemp(prefix="ndra-pk-cdi-", dir=tmpfs_dir()))
     ok = False
     started = time.time()
     try:
         cp.start()
         fleet = RealNodeFleet(cp, workdir=workdir / "n")
-        started_nodes = fleet.start([(f"bk-{OURS}", NODE_LABELS), (f"bk-{PEER}", NODE_LABELS)])
+        names = [f"bk-{OURS}", f"bk-{PEER}"]
+        for name in names:
+            cdi_on_tmpfs(workdir / "n" / name, cdi_base)
+        started_nodes = fleet.start([(name, NODE_LABELS) for name in names])
         nodes = dict(zip((OURS, PEER), started_nodes, strict=True))
         _progress("control plane and two real nodes up")
         result = RealResult(
@@ -462,6 +488,7 @@ def run_real(opts: RealOptions) -> RealResult:
         if fleet is not None:
             fleet.stop()
         cp.stop()
+        shutil.rmtree(cdi_base, ignore_errors=True)
         if ok and opts.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
