@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
+import pytest
 from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.controller import workloads
-from neuron_dra.controller.caches import NodeStore, SliceStore, slim_node, slim_slice
+from neuron_dra.controller.caches import (
+    NodeStore,
+    SliceStore,
+    SlimDevice,
+    UltraServerStore,
+    slim_node,
+    slim_slice,
+    without_managed_fields,
+)
 from neuron_dra.controller.discovery import group_ultraservers, node_state, slice_ultraserver_id
+from neuron_dra.controller.main import release_free_heap
 from neuron_dra.nodeplugin.discovery.model import (
     NeuronDevice,
     NodeInventory,
@@ -149,3 +160,44 @@ def test_slim_node_keeps_what_the_controller_reads() -> None:
     assert store.list()[0] == slim_node(_node("True"))
     delta = store.apply_event("MODIFIED", _node("False"))
     assert delta is not None and node_state(delta.new) == "NotReady"
+
+
+def test_slim_devices_are_compact_read_only_mappings_equal_to_their_dicts() -> None:
+    full = slices_of(0)[0]
+    slim = slim_slice(full)
+    device = slim["spec"]["devices"][0]
+    assert isinstance(device, SlimDevice)  # not a dict: 56 bytes instead of 184
+    expected = {"name": full["spec"]["devices"][0]["name"], "attributes": device["attributes"]}
+    assert device == expected and expected == device and dict(device) == expected
+    assert list(device) == ["name", "attributes"] and len(device) == 2
+    assert device.get("capacity") is None and "capacity" not in device
+    with pytest.raises(KeyError):
+        device["capacity"]
+    # Fields other than name and attributes are kept, after them; a device without
+    # attributes has no "attributes" key (as its JSON had none).
+    odd = {"name": "d", "nodeName": "n0", "capacity": {"x": {"value": "1"}}}
+    spec = {"driver": "neuron.aws.com", "devices": [odd]}
+    kept = slim_slice({"metadata": {}, "spec": spec})["spec"]["devices"][0]
+    assert isinstance(kept, SlimDevice)
+    assert list(kept.items()) == [("name", "d"), ("nodeName", "n0")]
+    # A slim slice is slim: the store gets the same object back.
+    assert slim_slice(slim) is slim
+
+
+def test_ultraserver_store_drops_managed_fields_only() -> None:
+    store = UltraServerStore()
+    nus = {
+        "metadata": {"name": "us-1", "namespace": "neuron-dra", "managedFields": [{"m": 1}]},
+        "spec": {"nodes": ["n0"]},
+        "status": {"state": "Available"},
+    }
+    store.replace([nus], "1")
+    (stored,) = store.list()
+    assert stored == {**nus, "metadata": {"name": "us-1", "namespace": "neuron-dra"}}
+    assert "managedFields" in nus["metadata"]  # the input is not modified
+    assert without_managed_fields(stored) is stored
+
+
+def test_release_free_heap_trims_on_glibc() -> None:
+    # Linux CI runs glibc: the call must reach malloc_trim, not quietly do nothing.
+    assert release_free_heap() is (sys.platform == "linux")

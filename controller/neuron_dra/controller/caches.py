@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 from neuron_dra.common.constants import (
@@ -112,12 +112,67 @@ def slim_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in attributes.items() if k in SLICE_ATTRIBUTES_READ}
 
 
+#: A slot of :class:`SlimDevice` whose field the device does not have.
+ABSENT: Final[Any] = object()
+
+
+class SlimDevice(Mapping[str, Any]):
+    """A cached device: its name and shared attribute map in two slots instead of a dict.
+
+    A fleet of 20,000 nodes caches 340,000 devices; as two-key dicts they took ~65 MiB of
+    the controller (184 bytes each, plus the collector's header), as slotted objects (56
+    bytes) ~25 MiB. It reads as the JSON dict it stands for (a read-only ``Mapping``, equal to that
+    dict), so the readers need not know. Other fields a device may carry (``nodeName``,
+    ``taints``...) are kept in ``rest``, in the wire order after the name and attributes.
+    """
+
+    __slots__ = ("_attributes", "_name", "_rest")
+
+    def __init__(
+        self, name: Any = ABSENT, attributes: Any = ABSENT, rest: dict[str, Any] | None = None
+    ) -> None:
+        self._name = name
+        self._attributes = attributes
+        self._rest = rest or None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "name":
+            value = self._name
+        elif key == "attributes":
+            value = self._attributes
+        else:
+            return self._rest.get(key, default) if self._rest else default
+        return default if value is ABSENT else value
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.get(key, ABSENT)
+        if value is ABSENT:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        if self._name is not ABSENT:
+            yield "name"
+        if self._attributes is not ABSENT:
+            yield "attributes"
+        if self._rest:
+            yield from self._rest
+
+    def __len__(self) -> int:
+        return (
+            (self._name is not ABSENT)
+            + (self._attributes is not ABSENT)
+            + (len(self._rest) if self._rest else 0)
+        )
+
+    def __repr__(self) -> str:
+        return f"SlimDevice({dict(self)!r})"
+
+
 def _already_slim(devices: list[Any], meta: Any) -> bool:
     if isinstance(meta, dict) and "managedFields" in meta:
         return False
-    return all(
-        isinstance(d, dict) and isinstance(d.get("attributes"), _SharedAttributes) for d in devices
-    )
+    return all(isinstance(d, SlimDevice) for d in devices)
 
 
 def slim_slice(obj: JsonDict) -> JsonDict:
@@ -154,12 +209,14 @@ def slim_slice(obj: JsonDict) -> JsonDict:
             continue
         # A device without attributes loses its capacity too (the protobuf path never
         # decodes capacities).
-        slim = {k: v for k, v in device.items() if k not in ("attributes", "capacity")}
-        if isinstance(slim.get("name"), str):
-            slim["name"] = sys.intern(slim["name"])
-        if isinstance(attributes, dict):
-            slim["attributes"] = slim_attributes(attributes)
-        devices.append(slim)
+        name = device.get("name", ABSENT)
+        devices.append(
+            SlimDevice(
+                sys.intern(name) if isinstance(name, str) else name,
+                slim_attributes(attributes) if isinstance(attributes, dict) else ABSENT,
+                {k: v for k, v in device.items() if k not in ("name", "attributes", "capacity")},
+            )
+        )
     out["spec"] = {**spec, "devices": devices}
     return out
 
@@ -338,6 +395,25 @@ class DeviceClaimStore(SlimStore):
 
     def __init__(self) -> None:
         super().__init__(slim_claim)
+
+
+def without_managed_fields(obj: JsonDict) -> JsonDict:
+    """``obj`` without ``metadata.managedFields``: a NeuronUltraServer's are most of it (the
+    field sets of its spec and status writes: 1,250 cached took 14.4 MiB with them, 5.6
+    without, measured at 5,000 nodes), and the controller never reads them. A
+    write of such an object keeps the server's managedFields (an update without any keeps
+    the live object's)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
+class UltraServerStore(SlimStore):
+    """The controller's NeuronUltraServer cache (``without_managed_fields``)."""
+
+    def __init__(self) -> None:
+        super().__init__(without_managed_fields)
 
 
 class SliceStore(SlimStore):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import signal
 import sys
@@ -20,6 +22,24 @@ from neuron_dra.controller.manager import ControllerManager, ManagerConfig, defa
 
 #: Allocations between young-generation collections (CPython's default is 700).
 GC_GEN0_THRESHOLD = 50_000
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free memory back to the system (glibc's ``malloc_trim``); False
+    where there is no glibc.
+
+    The first LIST of the fleet reads pages of several MB each; once they are freed, glibc
+    keeps the space in its heap (~20 MiB, measured at 5,000 nodes), counted in the process's
+    RSS, until something trims it. Only done once, after the caches have synced.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +87,7 @@ async def run(args: argparse.Namespace) -> int:
             # short-lived objects, and each collection walks everything cached since.
             gc.freeze()
             gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+            release_free_heap()
             print(f"neuron-dra-controller: http port {manager.http.port}", flush=True)
             stopped = asyncio.create_task(stop.wait())
             lost = asyncio.create_task(manager.wait_lost())

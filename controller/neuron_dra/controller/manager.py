@@ -50,6 +50,7 @@ from neuron_dra.controller.caches import (
     NodeStore,
     SliceStore,
     SlimListClient,
+    UltraServerStore,
     claim_nodes_in_use,
     slim_claim,
     slim_node,
@@ -135,6 +136,7 @@ class ControllerManager:
             namespace=config.namespace,
             slices=SliceStore(),
             nodes=NodeStore(),
+            ultraservers=UltraServerStore(),
             device_claims=DeviceClaimStore(),
         )
         self.ctx.ultraservers.add_index(NUS_BY_HELD_NODE, _held_nodes)

@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple
 from google.protobuf.message import DecodeError
 from neuron_dra.proto.k8s import slim_pb2 as pb
 
-from .caches import SLICE_ATTRIBUTES_READ, slim_attributes
+from .caches import ABSENT, SLICE_ATTRIBUTES_READ, SlimDevice, slim_attributes
 
 JsonDict = dict[str, Any]
 
@@ -263,17 +263,18 @@ _DEVICE_FIELDS: Final[dict[int, Any]] = {
 }
 
 
-def _device(d: Any) -> JsonDict:
+def _device(d: Any) -> SlimDevice:
     """A device as :func:`~.caches.slim_slice` keeps it: no capacity, only the attributes
     read (one shared map), the name interned."""
-    out: JsonDict = {"name": sys.intern(d.name)}
+    attributes: Any = ABSENT
+    rest: JsonDict = {}
     for field, value in d.ListFields():
         number = field.number
         if number == 2:
-            out["attributes"] = _attributes(value)
+            attributes = _attributes(value)
         elif number != 1:
-            out[field.name] = _DEVICE_FIELDS[number](value)
-    return out
+            rest[field.name] = _DEVICE_FIELDS[number](value)
+    return SlimDevice(sys.intern(d.name), attributes, rest)
 
 
 def _slice_spec(s: Any) -> JsonDict:
