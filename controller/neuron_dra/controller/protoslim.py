@@ -100,8 +100,8 @@ def _owner_reference(o: Any) -> JsonDict:
     # The owner of our slices is their Node: its name is interned, one string with the
     # slice's nodeName and pool name and the cached Node's name.
     out: JsonDict = {
-        "apiVersion": o.apiVersion,
-        "kind": o.kind,
+        "apiVersion": sys.intern(o.apiVersion),
+        "kind": sys.intern(o.kind),
         "name": sys.intern(o.name),
         "uid": o.uid,
     }
@@ -127,7 +127,8 @@ def _object_meta(m: Any, *, annotations: bool) -> JsonDict:
     if m.HasField("deletionGracePeriodSeconds"):
         out["deletionGracePeriodSeconds"] = m.deletionGracePeriodSeconds
     if m.labels:
-        out["labels"] = dict(m.labels)
+        # Interned: label keys and most values (instance type, zone) repeat on every node.
+        out["labels"] = {sys.intern(k): sys.intern(v) for k, v in m.labels.items()}
     if annotations and m.annotations:
         out["annotations"] = dict(m.annotations)
     if m.ownerReferences:
@@ -280,7 +281,7 @@ def _device(d: Any) -> SlimDevice:
 def _slice_spec(s: Any) -> JsonDict:
     pool = s.pool
     out: JsonDict = {
-        "driver": s.driver,
+        "driver": sys.intern(s.driver),
         "pool": {
             "name": sys.intern(pool.name),
             "generation": pool.generation,
@@ -337,15 +338,16 @@ def _ready_conditions(conditions: Iterable[Any]) -> list[JsonDict]:
         if c.type != "Ready":
             continue
         out: JsonDict = {
-            "type": c.type,
-            "status": c.status,
+            "type": sys.intern(c.type),
+            "status": sys.intern(c.status),
             "lastHeartbeatTime": _time(c.lastHeartbeatTime),
             "lastTransitionTime": _time(c.lastTransitionTime),
         }
+        # The same few on every Ready node ("KubeletReady", "kubelet is posting ...").
         if c.reason:
-            out["reason"] = c.reason
+            out["reason"] = sys.intern(c.reason)
         if c.message:
-            out["message"] = c.message
+            out["message"] = sys.intern(c.message)
         ready.append(out)
     return ready
 
