@@ -174,23 +174,16 @@ class KubeClient:
         request_timeout: float | None = None,
     ) -> Any:
         """One unary call; returns the decoded JSON body (None for an empty body)."""
-        resp = await self._send(
-            method,
-            path,
-            query=query,
-            body=body,
-            content_type=content_type,
-            client_timeout=self.timeouts.unary(request_timeout),
-        )
-        try:
-            raw = await resp.read()
-        except Exception as exc:
-            err = classify(exc)
-            if err is None:
-                raise
-            raise err from exc
-        finally:
-            resp.release()
+        raw = (
+            await self._unary(
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                request_timeout=request_timeout,
+            )
+        ).body
         if not raw:
             return None
         try:
@@ -210,12 +203,34 @@ class KubeClient:
         """One GET whose body is returned undecoded, with its media type: the caller decodes
         by what the server answered (it may answer JSON to an ``Accept`` naming protobuf
         first). ``status_decoder`` reads a protobuf error body."""
-        resp = await self._send(
+        return await self._unary(
             "GET",
             path,
             query=query,
-            body=None,
-            content_type=None,
+            request_timeout=request_timeout,
+            accept=accept,
+            status_decoder=status_decoder,
+        )
+
+    async def _unary(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: QueryParams | None,
+        body: Any = None,
+        content_type: str | None = None,
+        request_timeout: float | None,
+        accept: str = JSON,
+        status_decoder: StatusDecoder | None = None,
+    ) -> RawResponse:
+        """Send one unary call and read its whole body (read failures typed as the send's)."""
+        resp = await self._send(
+            method,
+            path,
+            query=query,
+            body=body,
+            content_type=content_type,
             client_timeout=self.timeouts.unary(request_timeout),
             accept=accept,
             status_decoder=status_decoder,
