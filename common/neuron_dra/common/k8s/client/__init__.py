@@ -51,6 +51,7 @@ from .transport import (
     RawResponse,
     StatusDecoder,
     Timeouts,
+    decode_json,
     media_type,
 )
 from .watch import MAX_LINE_BYTES, FrameDecoder, FramedWatchStream, WatchEvent, WatchStream
@@ -87,6 +88,7 @@ __all__ = [
     "WatchEvent",
     "WatchStream",
     "connect",
+    "decode_json",
     "in_cluster",
     "load_configuration",
     "media_type",

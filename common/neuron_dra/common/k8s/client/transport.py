@@ -45,6 +45,14 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().lower()
 
 
+def decode_json(body: bytes, what: str, *, reason: str = "") -> Any:
+    """``body`` as JSON; a :class:`NetworkError` saying ``what`` is not JSON otherwise."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise NetworkError(f"{what} is not JSON: {body[:200]!r}", reason=reason) from exc
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Client-side timeouts. aiohttp's default is *no* timeout at all, so we always set one.
@@ -186,10 +194,7 @@ class KubeClient:
         ).body
         if not raw:
             return None
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise NetworkError(f"{method} {path}: response is not JSON: {raw[:200]!r}") from exc
+        return decode_json(raw, f"{method} {path}: response")
 
     async def request_raw(
         self,
