@@ -23,6 +23,8 @@ from neuron_dra.nodeplugin.discovery.model import (
     UltraServerMode,
 )
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
+from neuron_dra.sim.peerbench.kubeletmetrics import Histogram
+from neuron_dra.sim.peerbench.kubeletmetrics import bucket_quantile as histogram_quantile
 
 INSTANCE_TYPE = "trn2u.48xlarge"
 
@@ -175,18 +177,11 @@ async def scrape(session: aiohttp.ClientSession, port: int) -> tuple[Buckets, di
 def bucket_quantile(
     before: list[tuple[float, float]], after: list[tuple[float, float]], q: float
 ) -> float | None:
-    """``histogram_quantile`` over the increase between two scrapes (linear in a bucket)."""
-    prev = dict(before)
-    cum = [(le, n - prev.get(le, 0.0)) for le, n in sorted(after)]
-    total = cum[-1][1] if cum else 0.0
+    """``histogram_quantile`` over the increase between two scrapes (linear in a bucket,
+    :func:`neuron_dra.sim.peerbench.kubeletmetrics.bucket_quantile`); None when nothing was
+    observed in between."""
+    delta = Histogram(tuple(sorted(after)), 0.0, 0.0).minus(Histogram(tuple(before), 0.0, 0.0))
+    total = delta.buckets[-1][1] if delta.buckets else 0.0
     if total <= 0:
         return None
-    rank = q * total
-    lower_le, lower_n = 0.0, 0.0
-    for le, n in cum:
-        if n >= rank:
-            if le == float("inf"):
-                return lower_le
-            return lower_le + (le - lower_le) * ((rank - lower_n) / max(n - lower_n, 1e-12))
-        lower_le, lower_n = le, n
-    return lower_le
+    return histogram_quantile(dataclasses.replace(delta, count=total), q)
