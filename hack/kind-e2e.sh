@@ -83,7 +83,9 @@ nodes:
 - role: control-plane
 - role: worker
 EOF
-kubectl api-versions | grep -qx resource.k8s.io/v1 || die "the cluster does not serve resource.k8s.io/v1"
+# Read whole, then searched: a pipe into `grep -q` fails under pipefail when grep exits first.
+api_versions=$(kubectl api-versions) || die "kubectl api-versions failed"
+grep -qx resource.k8s.io/v1 <<<"$api_versions" || die "the cluster does not serve resource.k8s.io/v1"
 
 if [[ ${SKIP_BUILD:-} == 1 ]]; then
   say "using image $IMAGE as built"

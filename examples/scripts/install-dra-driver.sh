@@ -146,7 +146,11 @@ need Kubernetes 1.36+ to be served by this driver; here they stay Pending. Use R
 else
   note "warning: could not read the server version; continuing"
 fi
-if ! kubectl api-versions | grep -qx 'resource.k8s.io/v1'; then
+# Read the whole list before searching it: `kubectl api-versions | grep -q` under pipefail
+# fails whenever grep exits at the match while kubectl is still writing (SIGPIPE).
+api_versions=$(kubectl api-versions) ||
+  die "cannot list the API server's API versions (kubectl api-versions failed)"
+if ! grep -qx 'resource.k8s.io/v1' <<<"$api_versions"; then
   die "the API server does not serve resource.k8s.io/v1 (Dynamic Resource Allocation); \
 neuron-dra needs Kubernetes 1.34+ with DRA enabled"
 fi

@@ -75,7 +75,13 @@ cleanup() {
 trap cleanup EXIT
 
 say "a ResourceSlice of neuron.aws.com"
-has_slice() { kubectl get resourceslices --field-selector spec.driver=neuron.aws.com -o name | grep -q .; }
+# The names are read whole, then tested: piping into `grep -q` would fail under pipefail when
+# grep exits before kubectl has written them all.
+has_slice() {
+  local names
+  names=$(kubectl get resourceslices --field-selector spec.driver=neuron.aws.com -o name) &&
+    [[ -n $names ]]
+}
 wait_until "a ResourceSlice of neuron.aws.com (is the plugin running on a Neuron node?)" has_slice
 
 say "a pod with $devices connected Neuron devices"
