@@ -34,12 +34,16 @@ JsonDict = dict[str, Any]
 PLUGIN = "neuron-dra-kubelet-plugin"
 #: The directory where containers find the claims' device metadata files.
 _METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
+#: The last line of every complete look: an exec whose stream is cut (its node rebooting
+#: under it) ends with kubectl's exit 0 and what was printed so far, so a look without this
+#: line is an interrupted one, not a container without its env.
+_LOOK_END = "LOOK-INSIDE-END"
 #: What a container is asked: its Neuron device nodes (character devices only), the device
-#: metadata files mounted into it (each on one line, base64) and its env.
+#: metadata files mounted into it (each on one line, base64), its env, then :data:`_LOOK_END`.
 _LOOK_INSIDE = (
     'for d in /dev/neuron*; do [ -c "$d" ] && echo "DEVICE $d"; done; '
     f"for f in $(find {_METADATA_DIR} -type f 2>/dev/null); do "
-    'echo "FILE $f $(base64 < "$f" | tr -d "\\n")"; done; env'
+    f'echo "FILE $f $(base64 < "$f" | tr -d "\\n")"; done; env; echo {_LOOK_END}'
 )
 #: kubectl errors that go away: the API server's resolver has not seen a new node's name
 #: yet (it re-reads its hosts file at most every 5 s), or the container is just starting.
@@ -77,12 +81,22 @@ def plugin_argv(
     return [*argv, *extra]
 
 
+class LookCutShort(ValueError):
+    """A look's output lacks its last line: the exec was cut off (the container or its node
+    went away mid-look), so what it printed says nothing about the container."""
+
+
 def parse_look_inside(output: str) -> ContainerDevices:
     """What :data:`_LOOK_INSIDE` printed, as the CDI resolution of the fake world gives it:
-    env by name, device nodes in device order (pure)."""
+    env by name, device nodes in device order (pure). :class:`LookCutShort` when the output
+    does not end with :data:`_LOOK_END`."""
+    lines = output.rstrip("\n").splitlines()
+    if not lines or lines[-1] != _LOOK_END:
+        tail = lines[-1][:80] if lines else "nothing"
+        raise LookCutShort(f"the look was cut short after {len(lines)} lines (last: {tail!r})")
     out = ContainerDevices()
     devices = []
-    for line in output.splitlines():
+    for line in lines[:-1]:
         if line.startswith("DEVICE "):
             devices.append(line.removeprefix("DEVICE ").strip())
         elif line.startswith("FILE "):
@@ -275,10 +289,15 @@ async def look_inside(
             raise RuntimeError(
                 f"kubectl {' '.join(args[:4])}: no answer in {limit + 5:g} s"
             ) from None
-        if proc.returncode == 0:
-            return parse_look_inside(out.decode(errors="replace"))
         message = err.decode(errors="replace").strip()
-        if not _TRANSIENT.search(message) or loop.time() > deadline:
+        if proc.returncode == 0:
+            try:
+                return parse_look_inside(out.decode(errors="replace"))
+            except LookCutShort as exc:
+                message = str(exc)  # looked again, as a container that is just going away
+        elif not _TRANSIENT.search(message):
+            raise RuntimeError(f"kubectl {' '.join(args[:4])}: {message}")
+        if loop.time() > deadline:
             raise RuntimeError(f"kubectl {' '.join(args[:4])}: {message}")
         log.info("kubectl exec into %s: %s (retrying)", meta["name"], message)
         await asyncio.sleep(0.5)  # the resolver's cache or a starting container
