@@ -7,7 +7,7 @@ the machine freely: their kubelets and containerds hold inotify instances (8 a n
 against the user's ``fs.inotify.max_user_instances``), and ``tests/e2e`` relies on its shared
 clusters being gone before ``tests/e2e_clusters`` starts its own when the room is Linux's
 default 128 (docs/testing.md). So the tests that start real nodes form two units of work
-(three where the limit allows, :func:`real_nodes_unit`) that one worker each runs in
+(four where the limit allows, :func:`real_nodes_unit`) that one worker each runs in
 collection order (:class:`RealNodesScheduling`); every other test is a unit of its own.
 
 (pytest-xdist's own ``--dist loadgroup`` would do this with markers, but under pytest 9 its
@@ -56,20 +56,28 @@ KUBELET_SIDE = (
     "tests/soak/test_real_node_soak.py",
     "tests/chart/test_identity_flow.py",
 )
-#: With room for three units (see :data:`ROOM_FOR_THREE_UNITS`), the clusters of their own
+#: With room for more units, the soak and the identity flow (four nodes each) leave the
+#: kubelet-side unit for one of their own: the kubelet side alone was the longest unit.
+SOAK_AND_IDENTITY = (
+    "tests/soak/test_real_node_soak.py",
+    "tests/chart/test_identity_flow.py",
+)
+#: With room for four units (see :data:`ROOM_FOR_FOUR_UNITS`), the clusters of their own
 #: (failure strategies) and the installed product's fleets run beside tests/e2e's shared
 #: clusters instead of after them: the two halves take about as long as the kubelet side.
 OWN_CLUSTERS = (
     "tests/e2e_clusters/test_failure_strategies.py",
     "tests/chart/test_installed_product.py",
 )
-#: inotify instances (``fs.inotify.max_user_instances``) three units need at once: 12 + 12 +
-#: 5 nodes of 8 each, with room for the control planes and the rest of the session.
+#: inotify instances (``fs.inotify.max_user_instances``) four units need at once: 12 + 12 +
+#: 4 + 5 nodes of 8 each, with room for the control planes and the rest of the session.
 #: ``hack/k8s/node-packages`` raises the limit to 1024 where it may (root, writable).
-ROOM_FOR_THREE_UNITS = 512
-#: Run first in its unit: the other unit's first tests (the chart's) run five nodes at most,
-#: its twelve-node clusters come minutes later.
-FIRST = "tests/soak/test_real_node_soak.py"
+ROOM_FOR_FOUR_UNITS = 512
+#: Collected first. The real-node soak runs first in its unit: the other unit's first tests
+#: (the chart's) run five nodes at most, its twelve-node clusters come minutes later. The soak
+#: on simulated nodes (~80 s, little of it CPU) starts at once beside the rest instead of
+#: last, where it ran alone at the end of the run.
+FIRST = ("tests/soak/test_real_node_soak.py", "tests/soak/test_soak_checks.py::test_short_soak")
 
 
 def inotify_limit(path: Path = Path("/proc/sys/fs/inotify/max_user_instances")) -> int:
@@ -83,12 +91,15 @@ def inotify_limit(path: Path = Path("/proc/sys/fs/inotify/max_user_instances")) 
 def real_nodes_unit(nodeid: str, limit: int = 128) -> str | None:
     """The unit of work of a test that starts real nodes (run in order by one worker), or
     None for a test that starts none. ``limit``: the user's inotify instances, which decide
-    whether the machine has room for two units or three."""
+    whether the machine has room for two units or four."""
     if not starts_real_nodes(nodeid):
         return None
+    roomy = limit >= ROOM_FOR_FOUR_UNITS
+    if roomy and nodeid.startswith(SOAK_AND_IDENTITY):
+        return f"{REAL_NODES}-soak-and-identity"
     if nodeid.startswith(KUBELET_SIDE):
         return f"{REAL_NODES}-kubelet-side"
-    if limit >= ROOM_FOR_THREE_UNITS and nodeid.startswith(OWN_CLUSTERS):
+    if roomy and nodeid.startswith(OWN_CLUSTERS):
         return f"{REAL_NODES}-own-clusters"
     return REAL_NODES
 
