@@ -45,6 +45,7 @@ from neuron_dra.common.k8s.client import LEASES, NEURON_ULTRASERVERS, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.sim.controlplane import ensure_device_classes
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
+from neuron_dra.sim.scratch import scratch_root
 from neuron_dra.sim.simcluster.realworld import SERVICE_ACCOUNTS, ensure_namespace
 from neuron_dra.sim.simcluster.topology import SimNode, ultraservers
 from neuron_dra.sim.soak import faults, invariants, report, settling
@@ -80,7 +81,9 @@ class Soak:
         if options.nodes % TOPOLOGY_SIZE:
             raise ValueError(f"--nodes must be a multiple of {TOPOLOGY_SIZE}")
         self.nodes: list[SimNode] = ultraservers(options.nodes // TOPOLOGY_SIZE)
-        self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="ndra-soak-", dir="/tmp"))
+        self.workdir = options.workdir or Path(
+            tempfile.mkdtemp(prefix="ndra-soak-", dir=scratch_root())
+        )
         self.workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a new directory
         self.cp: RealControlPlane | None = None
         self.kube: KubeClient | None = None  # churn + checker
@@ -158,7 +161,7 @@ class Soak:
         nodes = self.workdir / "nodes"
         if len(str(nodes)) <= SHORT_PATH:
             return nodes
-        short = Path(tempfile.mkdtemp(prefix="ndra-n-", dir="/tmp"))
+        short = Path(tempfile.mkdtemp(prefix="ndra-n-", dir=scratch_root()))
         self.workdir.mkdir(parents=True, exist_ok=True)
         nodes.unlink(missing_ok=True)
         nodes.symlink_to(short)
