@@ -1,9 +1,13 @@
 """Smoke of the side-by-side benchmark (hack/bench/peer): a few cycles of both drivers on
-the real 1.34 control plane, and the table's arithmetic on made-up figures. Not a timed
-test: it checks that the harness runs and its numbers are sane, not how fast anything is.
+the real 1.34 control plane, a few rounds of the floor plugin and the peer behind real
+kubelets (``--kubelets real --ours floor``), and the table's arithmetic on made-up figures.
+Not a timed test: it checks that the harness runs and its numbers are sane, not how fast
+anything is.
 
 Off CI it skips when the Kubernetes components or the Go peer are not built
-(``hack/k8s/build --version 1.34``, ``hack/bench/build-peer``); with CI=true it fails.
+(``hack/k8s/build --version 1.34``, ``hack/bench/build-peer``), or real nodes cannot run
+here (root, ``hack/k8s/node-packages``); with CI=true it fails. The real-kubelet smoke starts
+real nodes: run it under ``flock /tmp/neuron-dra-realnodes.lock``.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import os
 
 import pytest
 from neuron_dra.sim.peerbench import kubeletmetrics as km
-from neuron_dra.sim.peerbench.__main__ import _buckets
+from neuron_dra.sim.peerbench.__main__ import _buckets, real_report
+from neuron_dra.sim.peerbench.driver import FLOOR_VERSION, OURS_FLOOR
 from neuron_dra.sim.peerbench.harness import Options, run
 from neuron_dra.sim.peerbench.observe import parse_sum_count
+from neuron_dra.sim.peerbench.realkubelet import RealOptions, run_real
 from neuron_dra.sim.peerbench.stats import (
     OURS,
     PEER,
@@ -29,7 +35,7 @@ from neuron_dra.sim.peerbench.stats import (
     targets_met,
 )
 from neuron_dra.sim.peerbuild import PeerUnavailable, peer_binary
-from neuron_dra.sim.worlds import require_built
+from neuron_dra.sim.worlds import require_built, require_real_nodes
 
 MINOR = "1.34"
 
@@ -116,6 +122,26 @@ def test_peer_bench_smoke() -> None:
     assert "Prepare, 1 claim p50" in table and "RSS at rest" in table
     body = [line.split("|") for line in table.splitlines()[2:]]
     assert all(cells[2].strip() and cells[3].strip() for cells in body), table
+
+
+def test_real_kubelets_floor_smoke() -> None:
+    """The floor plugin in ours's slot behind a real kubelet: its containers start (the CDI
+    ids it answers resolve in containerd), and the kubelet counts every call of both."""
+    require_built(MINOR)
+    require_real_nodes(MINOR)
+    _require_peer()
+    rounds = 3
+    result = run_real(RealOptions(minor=MINOR, rounds=rounds, warmup_rounds=1, ours=OURS_FLOOR))
+    assert result.ours_plugin == OURS_FLOOR and result.ours.version == FLOOR_VERSION
+    for v in (result.ours, result.peer):
+        assert v.skipped == 0, v.label
+        assert len(v.prepare) == len(v.unprepare) == rounds, v.label
+        assert all(0 < s < 10 for s in v.prepare + v.unprepare), v
+    assert result.ours.own_prepare_mean is None  # the floor serves no metrics
+    assert len(result.to_running) == rounds
+    report = real_report(result, ["--kubelets", "real", "--ours", "floor"])
+    assert f"| measure | {FLOOR_VERSION} | peer |" in report
+    assert "NOT our plugin" in report
 
 
 def test_parse_sum_count_adds_label_sets() -> None:

@@ -3,6 +3,7 @@
     hack/bench/peer [--cycles 10000] [--warmup 200] [--batches 100] [--starts 3]
                     [--floor-calls 300] [--minor 1.34] [--json PATH] [--profile-ours PATH]
     hack/bench/peer --kubelets real [--rounds 100] [--warmup-rounds 5] [--json PATH]
+                    [--ours plugin|floor]
 
 Needs the real Kubernetes components (``hack/k8s/build --version 1.34``) and the peer
 (``hack/bench/build-peer``).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from neuron_dra.sim.frontend import machine_line, options_from
 
-from .driver import OUR_INSTANCE_TYPE
+from .driver import OUR_INSTANCE_TYPE, OURS_FLOOR, OURS_PLUGIN
 from .harness import Options, RunResult, run
 from .realkubelet import RealOptions, RealResult, run_real
 from .stats import Latency, markdown_table, real_rows, rows, targets_met
@@ -59,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="together",
         action="store_false",
         help="--kubelets real: each driver's pod alone, in turn (default: both at once)",
+    )
+    p.add_argument(
+        "--ours",
+        choices=(OURS_PLUGIN, OURS_FLOOR),
+        default=OURS_PLUGIN,
+        help="--kubelets real: what runs in ours's slot: our kubelet plugin (default), or the "
+        "floor plugin (neuron_dra.sim.peerbench.floorplugin: per claim a GET with our API "
+        "client and the answer, nothing else), the least a Python plugin does per Prepare",
     )
     p.add_argument(
         "--profile-ours",
@@ -117,16 +126,24 @@ def real_report(result: RealResult, argv: list[str]) -> str:
     """The printed report of ``--kubelets real``."""
     ours, peer = result.ours, result.peer
     bounds = ", ".join(f"{b:g}" for b in result.bucket_bounds[:4])
+    floor = result.ours_plugin == OURS_FLOOR
     lines = [
         f"command: hack/bench/peer {shlex.join(argv)}".rstrip(),
         f"{machine_line()}; {_go_version()}",
         f"kubernetes {result.kubernetes} (control plane and both kubelets; containerd, runc)",
-        f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE}); peer: {peer.version}",
+        (
+            f"ours's slot: {ours.version}, NOT our plugin (neuron_dra.sim.peerbench."
+            "floorplugin: one CDI spec and one slice at start; per claim a GET with our API "
+            "client and the CDI ids; no checkpoint, status write, metrics)"
+            if floor
+            else f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE})"
+        )
+        + f"; peer: {peer.version}",
         f"run took {result.finished - result.started:.0f} s; {len(result.to_running)} rounds "
         f"of one pod per driver with one one-device claim, "
         + ("created together" if result.together else "one driver's after the other's"),
         "",
-        markdown_table(real_rows(ours, peer), "ours", "peer"),
+        markdown_table(real_rows(ours, peer), ours.version if floor else "ours", "peer"),
         "",
         f"the kubelet's DRA histogram buckets (s): {bounds} ... (le=0.1 is the first: every "
         "call of a few ms is in it; the per-call figures are the differences of the _sum "
@@ -195,6 +212,8 @@ def split(result: RunResult) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
+    if args.ours != OURS_PLUGIN and args.kubelets != "real":
+        build_parser().error("--ours floor needs --kubelets real")
     if args.kubelets == "real":
         real = options_from(RealOptions, args, compile=not args.no_compile)
         got = run_real(real)

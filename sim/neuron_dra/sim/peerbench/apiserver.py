@@ -75,12 +75,13 @@ async def delete_slices(kube: KubeClient, node: str) -> None:
     await wait_for(gone, f"slices of {node} deleted", 30)
 
 
-def peer_device_class() -> dict[str, Any]:
+def device_class(driver: str) -> dict[str, Any]:
+    """A DeviceClass named as ``driver`` that selects its devices (the peer's, the floor's)."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
-        "metadata": {"name": PEER_DRIVER},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{PEER_DRIVER}'"}}]},
+        "metadata": {"name": driver},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
     }
 
 
@@ -145,13 +146,14 @@ async def setup(kube: KubeClient, drivers: Sequence[Driver], leases: list[NodeLe
     await setup_classes(kube)
 
 
-async def setup_classes(kube: KubeClient) -> None:
-    """The namespace (with its default ServiceAccount, which pods need) and both drivers'
-    DeviceClasses."""
+async def setup_classes(kube: KubeClient, others: Sequence[str] = (PEER_DRIVER,)) -> None:
+    """The namespace (with its default ServiceAccount, which pods need), our DeviceClasses
+    and one for each driver of ``others``."""
     await ensure_namespace(kube, NAMESPACE)
     await ensure_device_classes(kube)
-    with contextlib.suppress(AlreadyExistsError):
-        await kube.resource(DEVICE_CLASSES).create(peer_device_class())
+    for driver in others:
+        with contextlib.suppress(AlreadyExistsError):
+            await kube.resource(DEVICE_CLASSES).create(device_class(driver))
 
     async def default_sa() -> bool:
         try:

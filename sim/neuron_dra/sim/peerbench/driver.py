@@ -14,6 +14,7 @@ from neuron_dra.nodeplugin.kubeletapi import ClaimRef
 from neuron_dra.sim.kubeletclient import DraPlugin, KubeletClient
 from neuron_dra.sim.peerbuild import peer_binary
 
+from .floorplugin import FLOOR_DRIVER
 from .stats import DriverFigures
 
 NAMESPACE = "peer-bench"
@@ -22,6 +23,11 @@ NAMESPACE = "peer-bench"
 DEVICES = 16
 OUR_INSTANCE_TYPE = "trn2.48xlarge"
 PEER_DRIVER = "gpu.example.com"
+#: What sits in ours's slot (``--ours``): our kubelet plugin, or the floor plugin
+#: (:mod:`.floorplugin`, the least a Python plugin does per Prepare).
+OURS_PLUGIN = "plugin"
+OURS_FLOOR = "floor"
+FLOOR_VERSION = "floor (python, GET + answer)"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 SETPRIV = shutil.which("setpriv")
 
@@ -86,6 +92,17 @@ def our_argv(d: Driver, kubeconfig: Path) -> list[str]:
         "--kubelet-plugins-directory-path", str(d.plugins_dir),
         "--emulation-mode", OUR_INSTANCE_TYPE,
         "--http-port", "0",
+    ]  # fmt: skip
+
+
+def floor_argv(d: Driver, kubeconfig: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "neuron_dra.sim.peerbench.floorplugin",
+        "--node-name", d.node, "--kubeconfig", str(kubeconfig),
+        "--cdi-root", str(d.cdi_root),
+        "--kubelet-registrar-directory-path", str(d.registrar),
+        "--kubelet-plugins-directory-path", str(d.plugins_dir),
+        "--driver-name", FLOOR_DRIVER, "--num-devices", str(DEVICES),
     ]  # fmt: skip
 
 

@@ -14,6 +14,10 @@ both; wait until both are gone (``--one-at-a-time``: each driver's pod alone, in
 After each round each kubelet's ``/metrics`` is read: the difference of its DRA histograms'
 sums across the round is that round's Prepare and Unprepare as the kubelet timed them
 (:mod:`.kubeletmetrics`: the buckets start at 100 ms, too coarse for a few-millisecond call).
+
+``--ours floor`` puts the floor plugin (:mod:`.floorplugin`: a claim GET and the answer, no
+more) in our plugin's slot, with a DeviceClass and template of its own driver, so that the
+same rounds measure the least a Python plugin costs against the peer.
 """
 
 from __future__ import annotations
@@ -51,7 +55,19 @@ from neuron_dra.sim.waiting import Listeners, wait_until
 
 from . import kubeletmetrics as km
 from .apiserver import setup_classes, wait_for
-from .driver import NAMESPACE, OUR_INSTANCE_TYPE, PEER_DRIVER, Driver, our_argv, peer_argv
+from .driver import (
+    FLOOR_VERSION,
+    NAMESPACE,
+    OUR_INSTANCE_TYPE,
+    OURS_FLOOR,
+    OURS_PLUGIN,
+    PEER_DRIVER,
+    Driver,
+    floor_argv,
+    our_argv,
+    peer_argv,
+)
+from .floorplugin import FLOOR_DRIVER
 from .harness import our_version, server_version
 from .observe import (
     OUR_PREPARE_METRIC,
@@ -88,6 +104,8 @@ class RealOptions:
     #: Both drivers' pods at once (they share the CPUs at the moment of the calls), or one
     #: driver's pod after the other's is gone (``--one-at-a-time``).
     together: bool = True
+    #: What runs in ours's slot: our plugin, or the floor plugin (:mod:`.floorplugin`).
+    ours: str = OURS_PLUGIN
 
 
 @dataclass
@@ -102,6 +120,8 @@ class RealResult:
     #: The kubelet's bucket bounds (seconds), as read.
     bucket_bounds: list[float] = field(default_factory=list)
     together: bool = True
+    #: What ran in ours's slot (``RealOptions.ours``).
+    ours_plugin: str = OURS_PLUGIN
 
 
 def _progress(message: str) -> None:
@@ -338,13 +358,16 @@ async def measure_real(
     opts: RealOptions, cp: RealControlPlane, nodes: dict[str, RealNode], result: RealResult
 ) -> None:
     kubeconfig = cp.kubeconfig(ADMIN)
-    drivers = [_driver(OURS, nodes[OURS]), _driver(PEER, nodes[PEER])]
+    drivers = [_driver(OURS, nodes[OURS], opts.ours), _driver(PEER, nodes[PEER], opts.ours)]
     views = {OURS: result.ours, PEER: result.peer}
     metrics = KubeletMetrics(cp)
     async with await connect(kubeconfig) as kube:
         pods = PodWatch(kube)
         try:
-            await setup_classes(kube)
+            # Ours's classes are always made; the peer's and the floor's are one per driver.
+            await setup_classes(
+                kube, [d.driver_name for d in drivers if d.driver_name != DRIVER_NAME]
+            )
             for d in drivers:
                 # Each plugin owns its slices by its Node, which the kubelet registers a
                 # moment after it turns healthy.
@@ -364,8 +387,9 @@ async def measure_real(
             for i in range(opts.warmup_rounds + opts.rounds):
                 if i == opts.warmup_rounds:
                     first = dict(last)
-                    # Printed once it serves: by now (registered, pods prepared), surely.
-                    drivers[0].metrics_port = our_http_port(drivers[0].log)
+                    if opts.ours == OURS_PLUGIN:  # the floor serves no metrics
+                        # Printed once it serves: by now (registered, pods prepared), surely.
+                        drivers[0].metrics_port = our_http_port(drivers[0].log)
                     own0 = {d.label: await prepare_metric(d) for d in drivers}
                     profiler = await start_profiler(opts.profile_ours, drivers[0].pid)
                     _progress(f"{opts.warmup_rounds} warm-up rounds done")
@@ -408,11 +432,17 @@ def _finish(view: KubeletView, last: Scrape, first: Scrape | None, result: RealR
     result.bucket_bounds = delta.finite_bounds
 
 
-def _driver(label: str, node: RealNode) -> Driver:
-    """The driver of ``label`` on its node: its kubelet's registration and plugins
-    directories and the CDI directory that node's containerd reads, as host paths."""
+def _driver(label: str, node: RealNode, ours: str) -> Driver:
+    """The driver of ``label`` on its node (in ours's slot, what ``ours`` names): its
+    kubelet's registration and plugins directories and the CDI directory that node's
+    containerd reads, as host paths."""
     root = node.layout.host_path(KUBELET_ROOT)
-    if label == OURS:
+    if label == OURS and ours == OURS_FLOOR:
+        d = Driver(
+            OURS, FLOOR_DRIVER, FLOOR_DRIVER, node.name, FLOOR_VERSION, root,
+            node.layout.cdi_dir, floor_argv,
+        )  # fmt: skip
+    elif label == OURS:
         d = Driver(
             OURS, DRIVER_NAME, DRIVER_NAME, node.name, our_version(), root,
             node.layout.cdi_dir, our_argv,
@@ -473,12 +503,13 @@ def run_real(opts: RealOptions) -> RealResult:
         nodes = dict(zip((OURS, PEER), started_nodes, strict=True))
         _progress("control plane and two real nodes up")
         result = RealResult(
-            KubeletView(OURS, our_version()),
+            KubeletView(OURS, FLOOR_VERSION if opts.ours == OURS_FLOOR else our_version()),
             KubeletView(PEER, f"{PEER_MODULE} {peer_module().version}"),
             server_version(cp.kubectl("version", "-o", "json")),
             started,
             0.0,
             together=opts.together,
+            ours_plugin=opts.ours,
         )
         asyncio.run(measure_real(opts, cp, nodes, result))
         result.finished = time.time()
