@@ -83,13 +83,20 @@ class Driver:
         return self.plugin
 
 
-def our_argv(d: Driver, kubeconfig: Path) -> list[str]:
+def _common_flags(d: Driver, kubeconfig: Path) -> list[str]:
+    """The flags every driver under test takes alike: its node, API access and directories."""
     return [
-        sys.executable, "-m", "neuron_dra.nodeplugin.main",
         "--node-name", d.node, "--kubeconfig", str(kubeconfig),
         "--cdi-root", str(d.cdi_root),
         "--kubelet-registrar-directory-path", str(d.registrar),
         "--kubelet-plugins-directory-path", str(d.plugins_dir),
+    ]  # fmt: skip
+
+
+def our_argv(d: Driver, kubeconfig: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "neuron_dra.nodeplugin.main",
+        *_common_flags(d, kubeconfig),
         "--emulation-mode", OUR_INSTANCE_TYPE,
         "--http-port", "0",
     ]  # fmt: skip
@@ -98,10 +105,7 @@ def our_argv(d: Driver, kubeconfig: Path) -> list[str]:
 def floor_argv(d: Driver, kubeconfig: Path) -> list[str]:
     return [
         sys.executable, "-m", "neuron_dra.sim.peerbench.floorplugin",
-        "--node-name", d.node, "--kubeconfig", str(kubeconfig),
-        "--cdi-root", str(d.cdi_root),
-        "--kubelet-registrar-directory-path", str(d.registrar),
-        "--kubelet-plugins-directory-path", str(d.plugins_dir),
+        *_common_flags(d, kubeconfig),
         "--driver-name", FLOOR_DRIVER, "--num-devices", str(DEVICES),
     ]  # fmt: skip
 
@@ -109,10 +113,7 @@ def floor_argv(d: Driver, kubeconfig: Path) -> list[str]:
 def peer_argv(d: Driver, kubeconfig: Path) -> list[str]:
     return [
         str(peer_binary()),
-        "--node-name", d.node, "--kubeconfig", str(kubeconfig),
-        "--cdi-root", str(d.cdi_root),
-        "--kubelet-registrar-directory-path", str(d.registrar),
-        "--kubelet-plugins-directory-path", str(d.plugins_dir),
+        *_common_flags(d, kubeconfig),
         "--num-devices", str(DEVICES),
         "--metrics-port", str(d.metrics_port),
         # client-go's defaults (5 QPS, burst 10) would make the benchmark measure the
