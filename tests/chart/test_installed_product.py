@@ -30,6 +30,7 @@ from neuron_dra.sim.realcluster import RealControlPlane
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.images import ALIASES
 from neuron_dra.sim.realnode.podspec import for_real_nodes
+from neuron_dra.sim.scratch import scratch_root
 from neuron_dra.sim.worlds import require_real_nodes
 
 from .conftest import Helm, Overrides
@@ -108,7 +109,7 @@ def installed(request: pytest.FixtureRequest, helm: Helm) -> Iterator[Installed]
     archive, image = require_image()
     require_real_nodes(minor)
     # A short directory: each node's containerd socket is reached by a path under it.
-    workdir = Path(tempfile.mkdtemp(prefix="ndra-inst-", dir="/tmp"))
+    workdir = Path(tempfile.mkdtemp(prefix="ndra-inst-", dir=scratch_root()))
     with control_plane(minor) as cp:
         fleet = RealNodeFleet(cp, workdir=workdir / "nodes", extra_images=[archive])
         try:

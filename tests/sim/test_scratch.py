@@ -15,10 +15,32 @@ def test_the_named_directory_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert scratch_root(shm=tmp_path) == tmp_path / "mine"
 
 
+def meminfo(tmp_path: Path, available_kib: int) -> Path:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal: 99999999 kB\nMemAvailable: {available_kib} kB\n")
+    return path
+
+
 def test_a_writable_shm_with_room_is_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(scratch, "ROOM", 1)
-    assert scratch_root(shm=tmp_path, fallback=Path("/elsewhere")) == tmp_path
+    got = scratch_root(shm=tmp_path, fallback=Path("/elsewhere"), meminfo=meminfo(tmp_path, 8))
+    assert got == tmp_path
+
+
+def test_shm_is_not_used_when_memory_is_short(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(scratch, "ROOM", 4096)
+    short = meminfo(tmp_path, 3)  # 3 KiB available, 4 KiB asked
+    assert scratch_root(shm=tmp_path, fallback=Path("/elsewhere"), meminfo=short) == Path(
+        "/elsewhere"
+    )
+    unknown = tmp_path / "no-meminfo"
+    assert scratch_root(shm=tmp_path, fallback=Path("/elsewhere"), meminfo=unknown) == Path(
+        "/elsewhere"
+    )
 
 
 def test_shm_without_room_or_missing_falls_back(
@@ -29,4 +51,7 @@ def test_shm_without_room_or_missing_falls_back(
     assert scratch_root(shm=tmp_path, fallback=Path("/elsewhere")) == Path("/elsewhere")
     monkeypatch.setattr(scratch, "ROOM", 1)
     missing = tmp_path / "no-such-dir"
-    assert scratch_root(shm=missing, fallback=Path("/elsewhere")) == Path("/elsewhere")
+    enough = meminfo(tmp_path, 8)
+    assert scratch_root(shm=missing, fallback=Path("/elsewhere"), meminfo=enough) == Path(
+        "/elsewhere"
+    )

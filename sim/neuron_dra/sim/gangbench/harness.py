@@ -475,6 +475,8 @@ def run(opts: Options) -> GangResult:
         return result
     finally:
         cp.stop()
+        if ok:
+            cp.remove_files()  # a private work directory's control plane (see its doc)
         if own and ok and not opts.trace:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:

@@ -244,6 +244,8 @@ def run(opts: Options) -> RunResult:
     finally:
         cp.stop()
         shutil.rmtree(cdi_base, ignore_errors=True)
+        if ok:
+            cp.remove_files()
         if own_workdir and ok:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:

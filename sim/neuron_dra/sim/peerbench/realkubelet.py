@@ -520,6 +520,8 @@ def run_real(opts: RealOptions) -> RealResult:
             fleet.stop()
         cp.stop()
         shutil.rmtree(cdi_base, ignore_errors=True)
+        if ok:
+            cp.remove_files()
         if ok and opts.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:

@@ -382,6 +382,8 @@ class Soak:
         if not self.violations and not self.o.keep:
             if self.nodes_dir.parent != self.workdir:
                 shutil.rmtree(self.nodes_dir, ignore_errors=True)
+            if self.cp is not None:
+                self.cp.remove_files()
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:
             print(f"work directory kept: {self.workdir}", flush=True)
