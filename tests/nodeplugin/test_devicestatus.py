@@ -14,6 +14,7 @@ from neuron_dra.common.k8s.workqueue import ExponentialBackoff
 from neuron_dra.nodeplugin.prepare import checkpoint as ckpt
 from neuron_dra.nodeplugin.prepare.devicestatus import (
     DeviceStatusWriter,
+    StatusReportingBackend,
     device_statuses,
 )
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
@@ -228,3 +229,40 @@ async def test_a_report_the_server_refuses_as_invalid_is_dropped_not_retried(
         assert server.faults.injected == 1 and writer._worker.failures == 0
     finally:
         await writer.stop()
+
+
+class _CountingWriter:
+    """Stands in for the writer: counts the requests to converge, and says when one came."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.asked = asyncio.Event()
+
+    def request(self) -> None:
+        self.requests += 1
+        self.asked.set()
+
+
+class _Backend:
+    async def prepare(self, claims: Any) -> dict[str, Any]:
+        return {}
+
+    async def unprepare(self, claims: Any) -> dict[str, Any]:
+        return {}
+
+
+async def test_the_writer_is_asked_after_the_answer_once_per_burst() -> None:
+    """Asked at once, the status PATCH ran on the loop while gRPC sent the answer: the
+    request comes a moment after the call, and the calls of one burst share it."""
+    writer = _CountingWriter()
+    backend = StatusReportingBackend(_Backend(), writer, delay=0.05)  # type: ignore[arg-type]
+    await backend.prepare([])
+    await backend.unprepare([])
+    await backend.prepare([])
+    assert writer.requests == 0  # the answers are out before any status work
+    await asyncio.wait_for(writer.asked.wait(), 5)
+    assert writer.requests == 1
+    await backend.unprepare([])  # a later call asks again
+    writer.asked.clear()
+    await asyncio.wait_for(writer.asked.wait(), 5)
+    assert writer.requests == 2
