@@ -28,18 +28,11 @@ from neuron_dra.common.k8s.client import (
     WatchEvent,
 )
 from neuron_dra.common.k8s.errors import NotFoundError
-from neuron_dra.common.profiles import PROFILES
 from neuron_dra.controller.caches import ACCEPT_PROTOBUF, SlimListClient, slim_node, slim_slice
 from neuron_dra.controller.protoslim import NODE_CODEC, SLICE_CODEC, SlimCodec
-from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
-    NodeInventory,
-    UltraServerInfo,
-    UltraServerMode,
-)
-from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.worlds import minor_of, real_control_plane, world_params
+from pluginslices import trn2u_slices
 
 T = 10  # per-call timeout, seconds
 LABEL = "neuron-dra.test/protobuf"
@@ -102,34 +95,8 @@ def node(name: str, run_id: str, *, exotic: bool = False) -> dict[str, Any]:
 
 def plugin_slices(node_name: str, node_uid: str, run_id: str) -> list[dict[str, Any]]:
     """The node plugin's own slices of a trn2u.48xlarge node of an UltraServer."""
-    profile = PROFILES["trn2u.48xlarge"]
-    inventory = NodeInventory(
-        node_name=node_name,
-        instance_type="trn2u.48xlarge",
-        driver_version="2.24.7.0",
-        devices=tuple(
-            NeuronDevice(
-                index=i,
-                dev_path=f"/dev/neuron{i}",
-                core_count=profile.cores_per_device,
-                healthy=i != 3,
-            )
-            for i in range(profile.device_count)
-        ),
-        ultraserver=UltraServerInfo(
-            modes=(UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1),
-            server_id_4="a1b2c3d4e5f60719",
-            node_id_4=1,
-        ),
-    )
-    out = build_resource_slices(
-        inventory,
-        node_name=node_name,
-        node_uid=node_uid,
-        node_labels={},
-        dra_driver_version="0.1.0",
-        workload_ids={"node": "wl-1"},
-        generation=1,
+    out = trn2u_slices(
+        node_name, node_uid, node_id_4=1, unhealthy=(3,), workload_ids={"node": "wl-1"}
     )
     for s in out:
         s["metadata"].setdefault("labels", {})[LABEL] = run_id

@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 import pytest
-from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.controller import workloads
 from neuron_dra.controller.caches import (
     NodeStore,
@@ -20,46 +19,18 @@ from neuron_dra.controller.caches import (
 )
 from neuron_dra.controller.discovery import group_ultraservers, node_state, slice_ultraserver_id
 from neuron_dra.controller.main import release_free_heap
-from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
-    NodeInventory,
-    UltraServerInfo,
-)
-from neuron_dra.nodeplugin.publish.slices import build_resource_slices
+from pluginslices import trn2u_slices
 
 
 def slices_of(
     node_id: int, *, unhealthy: tuple[int, ...] = (), tag: str | None = None
 ) -> list[dict[str, Any]]:
-    profile = PROFILES["trn2u.48xlarge"]
-    name = f"n{node_id}"
-    inventory = NodeInventory(
-        node_name=name,
-        instance_type="trn2u.48xlarge",
-        driver_version="2.24.7.0",
-        devices=tuple(
-            NeuronDevice(
-                index=i,
-                dev_path=f"/dev/neuron{i}",
-                core_count=profile.cores_per_device,
-                healthy=i not in unhealthy,
-            )
-            for i in range(profile.device_count)
-        ),
-        ultraserver=UltraServerInfo(
-            modes=(UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1),
-            server_id_4="a1b2c3d4e5f60719",
-            node_id_4=node_id,
-        ),
-    )
-    out = build_resource_slices(
-        inventory,
-        node_name=name,
-        node_uid=f"uid-{node_id}",
-        node_labels={},
-        dra_driver_version="0.1.0",
+    out = trn2u_slices(
+        f"n{node_id}",
+        f"uid-{node_id}",
+        node_id_4=node_id,
+        unhealthy=unhealthy,
         workload_ids={"node": tag} if tag else None,
-        generation=1,
     )
     for s in out:
         s["metadata"]["resourceVersion"] = str(10 + node_id)
