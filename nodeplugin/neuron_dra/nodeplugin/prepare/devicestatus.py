@@ -272,7 +272,7 @@ class StatusReportingBackend:
         self._pending: asyncio.TimerHandle | None = None
 
     def _request_soon(self) -> None:
-        if self._pending is None or self._pending.cancelled():
+        if self._pending is None:  # one request per burst: the timer's own clears it
             self._pending = asyncio.get_running_loop().call_later(self._delay, self._request)
 
     def _request(self) -> None:
