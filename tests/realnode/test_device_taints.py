@@ -12,6 +12,7 @@ kubelet-only minors (1.35 and 1.36 nodes on the 1.37 control plane) skip these t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from neuron_dra.common.constants import TAINT_KEY_UNHEALTHY_COMPONENT
-from neuron_dra.common.k8s.client import ApiResource
+from neuron_dra.common.k8s.client import ApiResource, ResourceClient
 from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, mark_unhealthy
 from neuron_dra.sim.paths import repo_root
@@ -100,6 +101,32 @@ def unschedulable(sim: SimCluster, name: str) -> str | None:
         if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
             return str(cond.get("message") or "unschedulable")
     return None
+
+
+async def observed(rules: ResourceClient, created: dict[str, Any], limit: float = 60) -> None:
+    """Once the controller-manager's taint controller has written its condition for this
+    generation of the DeviceTaintRule ``created`` (it does for every effect), watched from the
+    creation on."""
+    name, generation = created["metadata"]["name"], created["metadata"]["generation"]
+
+    def seen(rule: dict[str, Any]) -> bool:
+        return rule["metadata"]["name"] == name and any(
+            c.get("type") == "EvictionInProgress" and c.get("observedGeneration") == generation
+            for c in (rule.get("status") or {}).get("conditions") or []
+        )
+
+    async def watch() -> None:
+        rv = created["metadata"]["resourceVersion"]
+        async with await rules.watch(resource_version=rv, timeout_seconds=int(limit)) as stream:
+            async for ev in stream:
+                if ev.type == "MODIFIED" and seen(ev.object):
+                    return
+        raise AssertionError(f"the watch of {name} ended without the taint controller's condition")
+
+    try:
+        await asyncio.wait_for(watch(), limit)
+    except TimeoutError:
+        raise TimeoutError(f"{name}: no EvictionInProgress condition after {limit:g}s") from None
 
 
 def emulated(sim: SimCluster, node_name: str) -> EmulatedPaths:
@@ -184,11 +211,17 @@ async def test_admin_rules_keep_claims_off_a_device_and_evict_a_nodes_pods(
     quarantine, drain = by_effect["NoSchedule"], by_effect["NoExecute"]
     assert quarantine["spec"]["deviceSelector"]["device"] == "neurondevice3"
     assert "device" not in drain["spec"]["deviceSelector"]
-    await sim.apply(device_template("dev1", 1))
-    await sim.apply(quick_pod("running", "kn-0", "dev1"))
-    await sim.wait_until(lambda: sim.running(["running"]), "running Running")
-    await rules.create(quarantine)
+    created = await rules.create(quarantine)
     try:
+        # The rule reaches the scheduler through its own watch, as it does the
+        # controller-manager's, which says so in the rule's status. A pod applied in the same
+        # millisecond as the rule may be placed before the scheduler has it (seen once in CI:
+        # wants-3 got device 3). So: the rule's status first, then a pod started on another
+        # device (seconds for a container), and only then the pod that wants device 3.
+        await observed(rules, created)
+        await sim.apply(device_template("dev1", 1))
+        await sim.apply(quick_pod("running", "kn-0", "dev1"))
+        await sim.wait_until(lambda: sim.running(["running"]), "running Running")
         # NoSchedule on device 3: a claim for it waits, the running pod stays.
         await sim.apply(device_template("dev3", 3))
         await sim.apply(quick_pod("wants-3", "kn-0", "dev3"))
