@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,11 +82,11 @@ class Cluster:
 
 @pytest_asyncio.fixture
 async def cluster(
-    fake_apiserver: FakeAPIServer, kube_api_client: k8s.ApiClient
+    fake_apiserver: FakeAPIServer, kube_api_client: k8s.ApiClient, tmp_path: Path
 ) -> AsyncIterator[Cluster]:
     kube = KubeClient(kube_api_client)
     c = Cluster(fake_apiserver, kube)
-    root = Path(tempfile.mkdtemp(prefix="ndra-e2e-", dir="/tmp"))
+    root = tmp_path  # pytest's: removed with the run's other temporary directories
     for us in US:
         for node_id in range(4):
             name = f"{us}-n{node_id}"
