@@ -16,6 +16,7 @@ from neuron_dra.nodeplugin.prepare.checkpoint import (
     Checkpoint,
     CheckpointCorrupt,
     ClaimEntry,
+    CoreShare,
     DeviceRecord,
     decode,
     encode,
@@ -112,11 +113,17 @@ def test_file_is_the_canonical_json_of_the_document() -> None:
             prepared_at="2026-01-01T00:00:00Z",
         )
     )
-    raw = encode(cp)
-    doc = json.loads(raw)
-    expected = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    assert raw == expected.encode() + b"\n"
-    assert decode(raw) == cp
+    cp = cp.with_claim(replace(entry("ü-0", 4), share=CoreShare(4, 2, 1, 4)))
+    cp = replace(cp, boot_id="böot")
+    for _ in range(2):  # the entries' bytes are cached after the first encode
+        raw = encode(cp)
+        doc = json.loads(raw)
+        expected = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert raw == expected.encode() + b"\n"
+        assert decode(raw) == cp
+    # An entry changed is a new entry (frozen): its bytes are its own, not the old ones'.
+    renamed = cp.with_claim(replace(cp.claims["u1"], name="renamed"))
+    assert json.loads(encode(renamed))["data"]["claims"]["u1"]["name"] == "renamed"
 
 
 def test_checkpoint_path_layout(tmp_path: Path) -> None:

@@ -537,3 +537,14 @@ def test_list_remove_and_sweep_leftovers(tmp_path: Path) -> None:
     assert not metadata_files_exist(root, UID, ["r", "t"])
     remove_metadata_files(root, UID)
     assert sorted(os.listdir(root)) == ["other_r.json", "stray-file"]
+
+
+@pytest.mark.parametrize("doc", [{}, {"metadata": {"name": "c"}}, {"requests": [], "x": "ü"}])
+def test_stream_bytes_are_each_object_encoded_whole(doc: dict[str, Any]) -> None:
+    # encode() puts one encoding of the fields behind each version's head: the bytes must be
+    # those of each object encoded on its own, empty documents included.
+    whole = "".join(
+        json.dumps({"kind": md.KIND, "apiVersion": v, **doc}, separators=(",", ":")) + "\n"
+        for v in md.API_VERSIONS
+    )
+    assert md.encode(doc).decode() == whole

@@ -244,7 +244,9 @@ def write_cdi_spec(
     fsynced so a prepared claim's spec survives a crash right after Prepare returns.
     """
     target = cdi_root / spec_file_name(claim_uid, cdi_kind=cdi_kind)
-    raw = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
+    # Compact: the C encoder (``indent`` takes the pure-Python one, ~4x the time on the
+    # Prepare path); ``jq .`` shows it to humans.
+    raw = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode() + b"\n"
     # 0644: runtimes may read it as a different user.
     replace_file(target, raw, mode=0o644)
     return target

@@ -65,6 +65,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
@@ -146,6 +147,13 @@ class ClaimEntry:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @cached_property
+    def canonical(self) -> bytes:
+        """The entry's canonical JSON in the file, computed once: every save writes every
+        entry, and with a node's claims prepared re-encoding them all made each Prepare
+        slower the more the node held (the entry is immutable, so its bytes never change)."""
+        return _canonical(_entry_to_json(self))
 
 
 @dataclass(frozen=True)
@@ -257,11 +265,13 @@ def encode(checkpoint: Checkpoint) -> bytes:
     built from one encoding of ``data`` (the canonical bytes the checksum is taken over, by
     the C encoder) rather than a second, indented one. ``jq .`` shows it to humans.
     """
-    data = {
-        "bootId": checkpoint.boot_id,
-        "claims": {uid: _entry_to_json(e) for uid, e in sorted(checkpoint.claims.items())},
-    }
-    canonical = _canonical(data)
+    # _canonical({"bootId": ..., "claims": {uid: entry JSON}}) from the entries' cached bytes:
+    # the same bytes (keys sorted, no whitespace; "bootId" sorts before "claims").
+    claims = b",".join(
+        b"%s:%s" % (_canonical(uid), entry.canonical)
+        for uid, entry in sorted(checkpoint.claims.items())
+    )
+    canonical = b'{"bootId":%s,"claims":{%s}}' % (_canonical(checkpoint.boot_id), claims)
     digest = hashlib.sha256(canonical).hexdigest()
     # The document's own keys in sorted order, like the canonical form inside it.
     return b'{"checksum":"%s","data":%s,"version":%d}\n' % (

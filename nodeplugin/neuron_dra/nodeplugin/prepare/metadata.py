@@ -314,11 +314,15 @@ def encode(document: Document) -> bytes:
     """The file's bytes: the object once per API version, newest first, each on a line of
     its own, fields in the helper's order whatever the order of ``document`` (one read back
     from the checkpoint has its keys sorted), so a rewrite gives the same bytes."""
-    fields = _ordered(document)
+    # The fields are encoded once and put behind each version's head: the same bytes as
+    # encoding each object whole, at half the cost on the Prepare path.
+    body = json.dumps(_ordered(document), separators=_COMPACT)[1:]
+    sep = "," if body != "}" else ""
     return "".join(
-        json.dumps({"kind": KIND, "apiVersion": version, **fields}, separators=_COMPACT) + "\n"
+        json.dumps({"kind": KIND, "apiVersion": version}, separators=_COMPACT)[:-1] + sep + body
+        + "\n"
         for version in API_VERSIONS
-    ).encode()
+    ).encode()  # fmt: skip
 
 
 def decode(raw: str) -> list[dict[str, Any]]:
