@@ -158,3 +158,59 @@ async def test_floor_plugin_registers_publishes_and_prepares(
         finally:
             await kubelet.close()
     assert not (root / "registry" / f"{DRIVER}-reg.sock").exists()
+
+
+async def test_floor_files_writes_a_spec_per_claim_and_the_checkpoint(
+    fake_apiserver: FakeAPIServer, root: Path
+) -> None:
+    # --files (--ours floor-files): the answer names the claim's own spec, which exists
+    # with the checkpoint entry when Prepare answers; Unprepare takes both away.
+    fake_apiserver.write_kubeconfig(root / "kubeconfig")
+    args = fp.build_parser().parse_args(
+        [
+            "--node-name", "n0", "--kubeconfig", str(root / "kubeconfig"),
+            "--cdi-root", str(root / "cdi"),
+            "--kubelet-registrar-directory-path", str(root / "registry"),
+            "--kubelet-plugins-directory-path", str(root / "plugins"), "--files",
+        ]
+    )  # fmt: skip
+    made = fake_apiserver.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"},
+            "spec": {"devices": {"requests": []}},
+        }
+    )
+    made["status"] = {"allocation": {"devices": {"results": [result("dev-2"), result("dev-9")]}}}
+    uid = fake_apiserver.update_status(made)["metadata"]["uid"]
+    ref = ClaimRef("default", uid, "c")
+    spec_path = root / "cdi" / f"k8s.floor.example.com-claim_{uid}.json"
+    checkpoint = root / "plugins" / DRIVER / "checkpoint.json"
+    async with floor_plugin(args):
+        kubelet = KubeletClient(root / "registry")
+        try:
+            (dra,) = await kubelet.register_all()
+            got = await dra.prepare([ref])
+            assert got[uid].error == ""
+            ids = [d.cdi_device_ids for d in got[uid].devices]
+            kind = "k8s.floor.example.com/claim"
+            assert ids == [(f"{kind}={uid}-dev-2",), (f"{kind}={uid}-dev-9",)]
+            spec = json.loads(spec_path.read_text())
+            assert spec["kind"] == kind
+            assert [d["name"] for d in spec["devices"]] == [f"{uid}-dev-2", f"{uid}-dev-9"]
+            assert json.loads(checkpoint.read_text()) == {uid: ["dev-2", "dev-9"]}
+            assert (await dra.unprepare([ref]))[uid].error == ""
+            assert not spec_path.exists()
+            assert json.loads(checkpoint.read_text()) == {}
+        finally:
+            await kubelet.close()
+
+
+def test_floor_files_is_a_floor_too(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["--kubelets", "real", "--ours", "floor-files"]).ours == (
+        "floor-files"
+    )
+    with pytest.raises(SystemExit):
+        main(["--ours", "floor-files"])
+    assert "--ours floor-files needs --kubelets real" in capsys.readouterr().err

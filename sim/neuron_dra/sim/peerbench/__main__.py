@@ -3,7 +3,7 @@
     hack/bench/peer [--cycles 10000] [--warmup 200] [--batches 100] [--starts 3]
                     [--floor-calls 300] [--minor 1.34] [--json PATH] [--profile-ours PATH]
     hack/bench/peer --kubelets real [--rounds 100] [--warmup-rounds 5] [--json PATH]
-                    [--ours plugin|floor]
+                    [--ours plugin|floor|floor-files]
 
 Needs the real Kubernetes components (``hack/k8s/build --version 1.34``) and the peer
 (``hack/bench/build-peer``).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from neuron_dra.sim.frontend import machine_line, options_from
 
-from .driver import OUR_INSTANCE_TYPE, OURS_FLOOR, OURS_PLUGIN
+from .driver import FLOORS, OUR_INSTANCE_TYPE, OURS_PLUGIN
 from .harness import Options, RunResult, run
 from .realkubelet import RealOptions, RealResult, run_real
 from .stats import Latency, markdown_table, real_rows, rows, targets_met
@@ -63,11 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ours",
-        choices=(OURS_PLUGIN, OURS_FLOOR),
+        choices=(OURS_PLUGIN, *FLOORS),
         default=OURS_PLUGIN,
         help="--kubelets real: what runs in ours's slot: our kubelet plugin (default), or the "
         "floor plugin (neuron_dra.sim.peerbench.floorplugin: per claim a GET with our API "
-        "client and the answer, nothing else), the least a Python plugin does per Prepare",
+        "client and the answer, nothing else), the least a Python plugin does per Prepare; "
+        "floor-files: the same plus a CDI spec per claim and a checkpoint save",
     )
     p.add_argument(
         "--profile-ours",
@@ -126,15 +127,14 @@ def real_report(result: RealResult, argv: list[str]) -> str:
     """The printed report of ``--kubelets real``."""
     ours, peer = result.ours, result.peer
     bounds = ", ".join(f"{b:g}" for b in result.bucket_bounds[:4])
-    floor = result.ours_plugin == OURS_FLOOR
+    floor = FLOORS.get(result.ours_plugin)
     lines = [
         f"command: hack/bench/peer {shlex.join(argv)}".rstrip(),
         f"{machine_line()}; {_go_version()}",
         f"kubernetes {result.kubernetes} (control plane and both kubelets; containerd, runc)",
         (
             f"ours's slot: {ours.version}, NOT our plugin (neuron_dra.sim.peerbench."
-            "floorplugin: one CDI spec and one slice at start; per claim a GET with our API "
-            "client and the CDI ids; no checkpoint, status write, metrics)"
+            f"floorplugin: one CDI spec and one slice at start; {floor[2]})"
             if floor
             else f"ours: {ours.version} (emulated {OUR_INSTANCE_TYPE})"
         )
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_list)
     if args.ours != OURS_PLUGIN and args.kubelets != "real":
-        build_parser().error("--ours floor needs --kubelets real")
+        build_parser().error(f"--ours {args.ours} needs --kubelets real")
     if args.kubelets == "real":
         real = options_from(RealOptions, args, compile=not args.no_compile)
         got = run_real(real)

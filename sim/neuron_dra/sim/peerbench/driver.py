@@ -27,7 +27,10 @@ PEER_DRIVER = "gpu.example.com"
 #: (:mod:`.floorplugin`, the least a Python plugin does per Prepare).
 OURS_PLUGIN = "plugin"
 OURS_FLOOR = "floor"
+#: The floor plugin with the file work of a correct driver (``floorplugin --files``).
+OURS_FLOOR_FILES = "floor-files"
 FLOOR_VERSION = "floor (python, GET + answer)"
+FLOOR_FILES_VERSION = "floor + files (python, GET + per-claim CDI spec + checkpoint + answer)"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 SETPRIV = shutil.which("setpriv")
 
@@ -108,6 +111,26 @@ def floor_argv(d: Driver, kubeconfig: Path) -> list[str]:
         *_common_flags(d, kubeconfig),
         "--driver-name", FLOOR_DRIVER, "--num-devices", str(DEVICES),
     ]  # fmt: skip
+
+
+def floor_files_argv(d: Driver, kubeconfig: Path) -> list[str]:
+    return [*floor_argv(d, kubeconfig), "--files"]
+
+
+#: The floor plugins by ``--ours``: (version shown, argv, what it does per claim).
+FLOORS: dict[str, tuple[str, Callable[[Driver, Path], list[str]], str]] = {
+    OURS_FLOOR: (
+        FLOOR_VERSION,
+        floor_argv,
+        "per claim a GET with our API client and the CDI ids; no checkpoint, status write, metrics",
+    ),
+    OURS_FLOOR_FILES: (
+        FLOOR_FILES_VERSION,
+        floor_files_argv,
+        "per claim a GET with our API client, a CDI spec (fsynced) and a checkpoint save on "
+        "the loop, and the CDI ids; no node lock, metadata file, status write, metrics",
+    ),
+}
 
 
 def peer_argv(d: Driver, kubeconfig: Path) -> list[str]:

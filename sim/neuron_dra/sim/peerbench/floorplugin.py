@@ -11,6 +11,13 @@ whatever the real kubelet times beyond this is the price of Python, grpcio and t
 Unprepare answers success. The gRPC and the claim GET are our plugin's own
 (:mod:`neuron_dra.nodeplugin.kubeletapi`'s generated protos and translation, its client).
 
+With ``--files`` (``--ours floor-files``) it also does the file work every correct driver
+does before it answers, as the Go peer does: a CDI spec per claim (written atomically and
+fsynced, as ours is) whose ids the answer names, and a checkpoint of the prepared claims
+(atomic, not fsynced, as ours is) in the plugin's directory, both inline on the event loop
+(the cheapest way); Unprepare removes the spec and saves the checkpoint. Still no node lock,
+metadata file, status write, metrics or log line.
+
     python -m neuron_dra.sim.peerbench.floorplugin --node-name N --kubeconfig K \\
         --cdi-root D --kubelet-registrar-directory-path R --kubelet-plugins-directory-path P
 """
@@ -91,22 +98,29 @@ def resource_slice(driver: str, node: str, count: int) -> dict[str, Any]:
     }
 
 
-def answer(claim: Mapping[str, Any], uid: str, *, driver: str, pool: str) -> PrepareResult:
+def claim_kind(driver: str) -> str:
+    """The kind of the per-claim specs of ``--files``."""
+    return f"k8s.{driver}/claim"
+
+
+def answer(
+    claim: Mapping[str, Any], uid: str, *, driver: str, pool: str, per_claim: bool = False
+) -> PrepareResult:
     """The kubelet's answer for one claim as read: its devices of ``driver`` from ``pool``
-    with their CDI ids, or an error for a claim recreated under the same name (another uid)
-    or with none of ours."""
+    with their CDI ids (``per_claim``: those of the claim's own spec), or an error for a
+    claim recreated under the same name (another uid) or with none of ours."""
     meta = claim.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
     if meta.get("uid") != uid:
         return PrepareResult(error=f"claim {key} has uid {meta.get('uid')}, not {uid}")
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    kind = cdi_kind(driver)
+    kind, prefix = (claim_kind(driver), f"{uid}-") if per_claim else (cdi_kind(driver), "")
     devices = tuple(
         PreparedDevice(
             request_names=(str(r["request"]).split("/", 1)[0],),  # a subrequest's base
             pool_name=pool,
             device_name=str(r["device"]),
-            cdi_device_ids=(f"{kind}={r['device']}",),
+            cdi_device_ids=(f"{kind}={prefix}{r['device']}",),
         )
         for r in (allocation.get("devices") or {}).get("results") or []
         if r.get("driver") == driver and r.get("pool") == pool
@@ -116,18 +130,65 @@ def answer(claim: Mapping[str, Any], uid: str, *, driver: str, pool: str) -> Pre
     return PrepareResult(devices=devices)
 
 
-class FloorDra:
-    """DRA v1: Prepare GETs each claim (concurrently, as our plugin does) and answers."""
+class FloorFiles:
+    """``--files``: a claim's own CDI spec and the checkpoint of the prepared claims."""
 
-    def __init__(self, claims: ResourceClient, *, driver: str, pool: str) -> None:
-        self._claims, self._driver, self._pool = claims, driver, pool
+    def __init__(self, driver: str, cdi_root: Path, checkpoint: Path) -> None:
+        self._kind = claim_kind(driver)
+        vendor, _, cls = self._kind.partition("/")
+        self._spec_name = f"{vendor}-{cls}_{{}}.json"
+        self._cdi_root, self._checkpoint = cdi_root, checkpoint
+        self._prepared: dict[str, list[str]] = {}
+
+    def spec_path(self, uid: str) -> Path:
+        return self._cdi_root / self._spec_name.format(uid)
+
+    def prepare(self, uid: str, devices: Sequence[str]) -> None:
+        spec = {
+            "cdiVersion": "0.3.0",
+            "kind": self._kind,
+            "devices": [
+                {"name": f"{uid}-{d}", "containerEdits": {"env": [f"FLOOR_DEVICE={d}"]}}
+                for d in devices
+            ],
+        }
+        raw = json.dumps(spec, separators=(",", ":")).encode()
+        replace_file(self.spec_path(uid), raw, mode=0o644)  # durable, as ours
+        self._prepared[uid] = list(devices)
+        self._save()
+
+    def unprepare(self, uid: str) -> None:
+        self.spec_path(uid).unlink(missing_ok=True)
+        if self._prepared.pop(uid, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        replace_file(self._checkpoint, json.dumps(self._prepared).encode(), durable=False)
+
+
+class FloorDra:
+    """DRA v1: Prepare GETs each claim (concurrently, as our plugin does) and answers;
+    with ``files``, after writing the claim's files."""
+
+    def __init__(
+        self, claims: ResourceClient, *, driver: str, pool: str, files: FloorFiles | None = None
+    ) -> None:
+        self._claims, self._driver, self._pool, self._files = claims, driver, pool, files
 
     async def _one(self, namespace: str, name: str, uid: str) -> PrepareResult:
         try:
             claim = await self._claims.get(name, namespace)
         except Exception as exc:  # the kubelet shows a claim's error and retries
             return PrepareResult(error=f"GET claim {namespace}/{name}: {exc}")
-        return answer(claim, uid, driver=self._driver, pool=self._pool)
+        got = answer(
+            claim, uid, driver=self._driver, pool=self._pool, per_claim=self._files is not None
+        )
+        if self._files is not None and not got.error:
+            try:
+                self._files.prepare(uid, [d.device_name for d in got.devices])
+            except OSError as exc:
+                return PrepareResult(error=f"claim {namespace}/{name}: {exc}")
+        return got
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         refs = _proto.DRA_V1.claims(request)
@@ -138,7 +199,15 @@ class FloorDra:
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         refs = _proto.DRA_V1.claims(request)
-        return _proto.DRA_V1.unprepare_response({r.uid: UnprepareResult() for r in refs})
+        out = {}
+        for r in refs:
+            try:
+                if self._files is not None:
+                    self._files.unprepare(r.uid)
+                out[r.uid] = UnprepareResult()
+            except OSError as exc:
+                out[r.uid] = UnprepareResult(error=f"claim {r.namespace}/{r.name}: {exc}")
+        return _proto.DRA_V1.unprepare_response(out)
 
 
 class FloorRegistration:
@@ -191,7 +260,14 @@ async def run(
                 resource_slice(driver, node, args.num_devices)
             )
         dra = grpc.aio.server()
-        dra_servicer = FloorDra(kube.resource(RESOURCE_CLAIMS), driver=driver, pool=node)
+        files = (
+            FloorFiles(driver, Path(args.cdi_root), dra_sock.parent / "checkpoint.json")
+            if args.files
+            else None
+        )
+        dra_servicer = FloorDra(
+            kube.resource(RESOURCE_CLAIMS), driver=driver, pool=node, files=files
+        )
         _proto.DRA_V1.add_servicer(dra_servicer, dra)
         await _serve(dra, dra_sock)  # before the registration socket: the kubelet dials it
         reg = grpc.aio.server()
@@ -220,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubelet-plugins-directory-path", required=True)
     p.add_argument("--driver-name", default=FLOOR_DRIVER)
     p.add_argument("--num-devices", type=int, default=DEFAULT_DEVICES)
+    p.add_argument(
+        "--files",
+        action="store_true",
+        help="also write a CDI spec per claim and a checkpoint before answering",
+    )
     return p
 
 

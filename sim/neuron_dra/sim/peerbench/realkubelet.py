@@ -17,7 +17,8 @@ sums across the round is that round's Prepare and Unprepare as the kubelet timed
 
 ``--ours floor`` puts the floor plugin (:mod:`.floorplugin`: a claim GET and the answer, no
 more) in our plugin's slot, with a DeviceClass and template of its own driver, so that the
-same rounds measure the least a Python plugin costs against the peer.
+same rounds measure the least a Python plugin costs against the peer; ``--ours floor-files``
+the same plus the file work of a correct driver (a CDI spec per claim, a checkpoint).
 """
 
 from __future__ import annotations
@@ -56,14 +57,12 @@ from neuron_dra.sim.waiting import Listeners, wait_until
 from . import kubeletmetrics as km
 from .apiserver import setup_classes, wait_for
 from .driver import (
-    FLOOR_VERSION,
+    FLOORS,
     NAMESPACE,
     OUR_INSTANCE_TYPE,
-    OURS_FLOOR,
     OURS_PLUGIN,
     PEER_DRIVER,
     Driver,
-    floor_argv,
     our_argv,
     peer_argv,
 )
@@ -437,10 +436,11 @@ def _driver(label: str, node: RealNode, ours: str) -> Driver:
     kubelet's registration and plugins directories and the CDI directory that node's
     containerd reads, as host paths."""
     root = node.layout.host_path(KUBELET_ROOT)
-    if label == OURS and ours == OURS_FLOOR:
+    if label == OURS and ours in FLOORS:
+        version, argv, _ = FLOORS[ours]
         d = Driver(
-            OURS, FLOOR_DRIVER, FLOOR_DRIVER, node.name, FLOOR_VERSION, root,
-            node.layout.cdi_dir, floor_argv,
+            OURS, FLOOR_DRIVER, FLOOR_DRIVER, node.name, version, root,
+            node.layout.cdi_dir, argv,
         )  # fmt: skip
     elif label == OURS:
         d = Driver(
@@ -503,7 +503,7 @@ def run_real(opts: RealOptions) -> RealResult:
         nodes = dict(zip((OURS, PEER), started_nodes, strict=True))
         _progress("control plane and two real nodes up")
         result = RealResult(
-            KubeletView(OURS, FLOOR_VERSION if opts.ours == OURS_FLOOR else our_version()),
+            KubeletView(OURS, FLOORS[opts.ours][0] if opts.ours in FLOORS else our_version()),
             KubeletView(PEER, f"{PEER_MODULE} {peer_module().version}"),
             server_version(cp.kubectl("version", "-o", "json")),
             started,
