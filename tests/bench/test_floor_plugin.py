@@ -197,7 +197,7 @@ async def test_floor_files_writes_a_spec_per_claim_and_the_checkpoint(
             kind = "k8s.floor.example.com/claim"
             assert ids == [(f"{kind}={uid}-dev-2",), (f"{kind}={uid}-dev-9",)]
             spec = json.loads(spec_path.read_text())
-            assert spec["kind"] == kind
+            assert (spec["kind"], spec["cdiVersion"]) == (kind, "0.5.0")
             assert [d["name"] for d in spec["devices"]] == [f"{uid}-dev-2", f"{uid}-dev-9"]
             assert json.loads(checkpoint.read_text()) == {uid: ["dev-2", "dev-9"]}
             assert (await dra.unprepare([ref]))[uid].error == ""

@@ -145,7 +145,8 @@ class FloorFiles:
 
     def prepare(self, uid: str, devices: Sequence[str]) -> None:
         spec = {
-            "cdiVersion": "0.3.0",
+            # 0.5.0: a device name may start with a digit (the uid) from that version on.
+            "cdiVersion": "0.5.0",
             "kind": self._kind,
             "devices": [
                 {"name": f"{uid}-{d}", "containerEdits": {"env": [f"FLOOR_DEVICE={d}"]}}
