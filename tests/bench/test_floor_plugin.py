@@ -115,18 +115,21 @@ async def floor_plugin(args: argparse.Namespace) -> AsyncIterator[None]:
         await asyncio.wait_for(task, 30)
 
 
-async def test_floor_plugin_registers_publishes_and_prepares(
-    fake_apiserver: FakeAPIServer, root: Path
-) -> None:
+def plugin_args(fake_apiserver: FakeAPIServer, root: Path, *extra: str) -> argparse.Namespace:
+    """The floor plugin's arguments for a node ``n0`` of the fake API server, under ``root``."""
     fake_apiserver.write_kubeconfig(root / "kubeconfig")
-    args = fp.build_parser().parse_args(
+    return fp.build_parser().parse_args(
         [
             "--node-name", "n0", "--kubeconfig", str(root / "kubeconfig"),
             "--cdi-root", str(root / "cdi"),
             "--kubelet-registrar-directory-path", str(root / "registry"),
-            "--kubelet-plugins-directory-path", str(root / "plugins"),
+            "--kubelet-plugins-directory-path", str(root / "plugins"), *extra,
         ]
     )  # fmt: skip
+
+
+def allocated_claim(fake_apiserver: FakeAPIServer, *results: dict[str, str]) -> str:
+    """The uid of claim default/c, allocated these ``results``."""
     made = fake_apiserver.create(
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -135,8 +138,15 @@ async def test_floor_plugin_registers_publishes_and_prepares(
             "spec": {"devices": {"requests": []}},
         }
     )
-    made["status"] = {"allocation": {"devices": {"results": [result("dev-7")]}}}
-    uid = fake_apiserver.update_status(made)["metadata"]["uid"]
+    made["status"] = {"allocation": {"devices": {"results": list(results)}}}
+    return str(fake_apiserver.update_status(made)["metadata"]["uid"])
+
+
+async def test_floor_plugin_registers_publishes_and_prepares(
+    fake_apiserver: FakeAPIServer, root: Path
+) -> None:
+    args = plugin_args(fake_apiserver, root)
+    uid = allocated_claim(fake_apiserver, result("dev-7"))
     ref = ClaimRef("default", uid, "c")
     async with floor_plugin(args):
         kubelet = KubeletClient(root / "registry")
@@ -165,25 +175,8 @@ async def test_floor_files_writes_a_spec_per_claim_and_the_checkpoint(
 ) -> None:
     # --files (--ours floor-files): the answer names the claim's own spec, which exists
     # with the checkpoint entry when Prepare answers; Unprepare takes both away.
-    fake_apiserver.write_kubeconfig(root / "kubeconfig")
-    args = fp.build_parser().parse_args(
-        [
-            "--node-name", "n0", "--kubeconfig", str(root / "kubeconfig"),
-            "--cdi-root", str(root / "cdi"),
-            "--kubelet-registrar-directory-path", str(root / "registry"),
-            "--kubelet-plugins-directory-path", str(root / "plugins"), "--files",
-        ]
-    )  # fmt: skip
-    made = fake_apiserver.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "default"},
-            "spec": {"devices": {"requests": []}},
-        }
-    )
-    made["status"] = {"allocation": {"devices": {"results": [result("dev-2"), result("dev-9")]}}}
-    uid = fake_apiserver.update_status(made)["metadata"]["uid"]
+    args = plugin_args(fake_apiserver, root, "--files")
+    uid = allocated_claim(fake_apiserver, result("dev-2"), result("dev-9"))
     ref = ClaimRef("default", uid, "c")
     spec_path = root / "cdi" / f"k8s.floor.example.com-claim_{uid}.json"
     checkpoint = root / "plugins" / DRIVER / "checkpoint.json"
