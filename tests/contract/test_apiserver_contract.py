@@ -20,6 +20,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
+from neuron_dra.common.constants import DRIVER_NAME
+from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient, PatchType
+from neuron_dra.common.models.configs import UltraServerConfig, encode_opaque_config
+from neuron_dra.nodeplugin.prepare.devicestatus import apply_body
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.worlds import minor_of, real_control_plane, world_params
 
@@ -438,3 +442,68 @@ async def test_unbound_and_terminal_pods_are_deleted_at_once(api: k8s.ApiClient,
         with pytest.raises(ApiException) as err:
             await core.read_namespaced_pod(name, ns, _request_timeout=T)
         assert err.value.status == 404
+
+
+async def test_status_devices_apply_leaves_an_allocation_with_opaque_config(
+    api: k8s.ApiClient, ns: str
+) -> None:
+    # The plugin reports status.devices by server-side apply. The server runs the live claim
+    # through its structured form and back, then checks that status.allocation did not
+    # change; an opaque config's parameters are compared byte for byte. Written with JSON's
+    # spaces (Python's default), they came back compact, and 1.34 refused every report on
+    # the UltraServer claims of generated templates: "field is immutable".
+    kube = KubeClient(api)
+    claims = kube.resource(RESOURCE_CLAIMS)
+    config = {"opaque": {"driver": DRIVER_NAME, "parameters": encode_opaque_config(
+        UltraServerConfig(ultraserverMode=4)
+    )}}  # fmt: skip
+    made = await claims.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "us-claim"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "us", "exactly": {"deviceClassName": "neuron.aws.com"}}],
+                    "config": [config],
+                }
+            },
+        },
+        ns,
+    )
+    result = {"request": "us", "driver": DRIVER_NAME, "pool": "n0", "device": "neuronnode"}
+    # As the scheduler allocates: the claim's config copied into the allocation.
+    made["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [result],
+                "config": [{"source": "FromClaim", "requests": ["us"], **config}],
+            }
+        }
+    }
+    allocated = await claims.replace(made, subresource="status")
+    entry = {
+        "driver": DRIVER_NAME,
+        "pool": "n0",
+        "device": "neuronnode",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Prepared",
+                "message": "prepared",
+                "lastTransitionTime": "2026-11-26T00:00:00Z",
+            }
+        ],
+    }
+    applied = await claims.patch(
+        "us-claim",
+        apply_body(ns, "us-claim", allocated["metadata"]["uid"], [entry]),
+        patch_type=PatchType.APPLY,
+        namespace=ns,
+        subresource="status",
+        field_manager="neuron-dra-contract",
+        force=True,
+    )
+    assert [d["device"] for d in applied["status"]["devices"]] == ["neuronnode"]
+    assert applied["status"]["allocation"] == allocated["status"]["allocation"]

@@ -23,6 +23,7 @@ from neuron_dra.common.k8s.client import (
     PatchType,
     Timeouts,
     connect,
+    go_json,
     object_key,
 )
 from neuron_dra.sim.fakeapi.faults import RequestInfo
@@ -350,3 +351,30 @@ async def test_patch_content_types_on_the_wire(
         "application/apply-patch+yaml",
         "application/json-patch+json",
     ]
+
+
+def test_request_bodies_are_written_as_go_writes_them() -> None:
+    # Go's encoding/json: compact, map keys sorted, UTF-8, HTML characters and the two
+    # JavaScript line separators escaped. The API server re-encodes an opaque config this
+    # way during a server-side apply and compares the bytes with the stored ones.
+    obj = {"b": [1, {"z": True, "y": None}], "a": "<é&>\u2028\u2029"}
+    want = '{"a":"\\u003cé\\u0026\\u003e\\u2028\\u2029","b":[1,{"y":null,"z":true}]}'
+    assert go_json(obj) == want
+
+
+async def test_request_bodies_on_the_wire_are_go_json(
+    kube: KubeClient, fake_apiserver: FakeAPIServer
+) -> None:
+    """The bytes the server receives for a create are :func:`go_json`'s, not json.dumps's."""
+    bodies: list[bytes] = []
+
+    def record(req: RequestInfo) -> bool:
+        if req.verb == "create":
+            bodies.append(req.body_bytes)
+        return False  # observe only
+
+    fake_apiserver.faults.fail_next(1, 500, predicate=record)
+    made = configmap("wire", zeta="1", alpha="<ü>")
+    await kube.resource(CONFIG_MAPS).create(made)
+    fake_apiserver.faults.clear()
+    assert bodies == [go_json(made).encode()]

@@ -211,9 +211,11 @@ class DeviceStatusWriter:
         except (NotFoundError, ConflictError):
             pass
         except InvalidError as exc:
-            # The API server refuses this report for good (1.34's apply of a claim's status
-            # fails on its own allocation, "field is immutable"): retrying cannot help, and
-            # the claim is prepared all the same. Said once, not per claim.
+            # The API server refuses this report for good: retrying cannot help, and the
+            # claim is prepared all the same. Said once, not per claim. (One such refusal,
+            # "status.allocation ... field is immutable" on claims whose opaque config our
+            # own client had written with JSON's spaces, is gone: request bodies are written
+            # as Go writes them, client/transport.py go_json.)
             if not self._invalid_logged:
                 self._invalid_logged = True
                 log.warning(

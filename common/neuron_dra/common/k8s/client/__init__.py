@@ -52,6 +52,7 @@ from .transport import (
     StatusDecoder,
     Timeouts,
     decode_json,
+    go_json,
     media_type,
 )
 from .watch import MAX_LINE_BYTES, FrameDecoder, FramedWatchStream, WatchEvent, WatchStream
@@ -89,6 +90,7 @@ __all__ = [
     "WatchStream",
     "connect",
     "decode_json",
+    "go_json",
     "in_cluster",
     "load_configuration",
     "media_type",

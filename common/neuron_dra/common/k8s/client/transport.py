@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Self
 
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio.client import rest as k8s_rest
 
 from ..errors import NetworkError, classify, from_response
 from .resource_client import ResourceClient
@@ -25,6 +26,45 @@ from .resources import ApiResource
 from .watch import MAX_LINE_BYTES, FrameDecoder, FramedWatchStream, WatchStream
 
 JSON = "application/json"
+
+
+def go_json(obj: Any) -> str:
+    """``obj`` as JSON the way Go's ``encoding/json`` writes it: compact, map keys sorted,
+    UTF-8, ``<``, ``>``, ``&``, U+2028 and U+2029 escaped (only strings can hold them).
+
+    Why it matters: the API server keeps an opaque config's ``parameters`` (a
+    ``RawExtension``) as the exact bytes it was sent. A server-side apply to a claim's status
+    runs the live object through its structured form and back, which re-encodes them as Go
+    does, and then checks that ``status.allocation`` is unchanged byte for byte: with
+    Python's default spaces it was not, and every ``status.devices`` report on a claim from
+    our generated templates was refused ("field is immutable"). Floats other than integers'
+    would still differ (``1.0`` against Go's ``1``); the configs we write carry none.
+    """
+    text = json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    for char, escaped in _GO_ESCAPES:
+        if char in text:
+            text = text.replace(char, escaped)
+    return text
+
+
+_GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
+class _GoJsonBodies:
+    """What ``kubernetes_asyncio``'s REST layer finds as its ``json`` module: it serializes
+    every JSON request body with ``json.dumps(body)`` and offers no other hook."""
+
+    dumps = staticmethod(go_json)
+    loads = staticmethod(json.loads)
+
+
+k8s_rest.json = _GoJsonBodies  # type: ignore[attr-defined]
 #: The API server's protobuf encoding (built-in kinds only; CRDs are JSON).
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 
