@@ -247,6 +247,20 @@ def test_the_seed_workload_runs_on_the_installed_product(installed: Installed) -
         assert env["NEURON_RT_VISIBLE_CORES"], env
         ranks.add(env["NEURON_GLOBAL_TOPOID"])
     assert ranks == {"0", "1", "2", "3"}
+    if tuple(int(p) for p in installed.cp.minor.split(".")[:2]) >= (1, 36):
+        # The claims of the generated template carry its opaque config: the API server
+        # takes the plugin's status.devices report on them too (it refused every one while
+        # our client wrote the config with JSON's spaces).
+        for pod in pods:
+            (claim_status,) = pod["status"]["resourceClaimStatuses"]
+            name = claim_status["resourceClaimName"]
+
+            def reported(name: str = name) -> list[dict[str, Any]]:
+                got = installed.json("get", "resourceclaim", name)
+                return list((got.get("status") or {}).get("devices") or [])
+
+            entries = wait_for(f"{name}'s status.devices", reported, 60)
+            assert [e["conditions"][0]["status"] for e in entries] == ["True"] * len(entries)
     installed.kubectl("delete", "deployment", pods_doc["metadata"]["name"], "--wait=false")
     installed.kubectl("delete", "nusw", NAME, "--wait=false")
 
