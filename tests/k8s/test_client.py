@@ -322,19 +322,25 @@ async def test_aiohttp_errors_do_not_leak_untyped(kube: KubeClient) -> None:
     assert errors.classify(aiohttp.ClientConnectionError()) is not None
 
 
+def requests_seen(fake_apiserver: FakeAPIServer, verb: str) -> list[RequestInfo]:
+    """The requests of ``verb`` the fake server gets from now until ``faults.clear()``."""
+    seen: list[RequestInfo] = []
+
+    def record(req: RequestInfo) -> bool:
+        if req.verb == verb:
+            seen.append(req)
+        return False  # observe only
+
+    fake_apiserver.faults.fail_next(1, 500, predicate=record)
+    return seen
+
+
 async def test_patch_content_types_on_the_wire(
     kube: KubeClient, fake_apiserver: FakeAPIServer
 ) -> None:
     """What the server actually receives: merge-patch for merge, apply-patch+yaml (with
     fieldManager) for SSA; never json-patch unless asked for."""
-    seen: list[str] = []
-
-    def record(req: RequestInfo) -> bool:
-        if req.verb == "patch":
-            seen.append(req.content_type)
-        return False  # observe only
-
-    fake_apiserver.faults.fail_next(1, 500, predicate=record)
+    seen = requests_seen(fake_apiserver, "patch")
     cms = kube.resource(CONFIG_MAPS)
     await cms.create(configmap("ct"))
     await cms.merge_patch("ct", {"data": {"a": "1"}}, "default")
@@ -346,7 +352,7 @@ async def test_patch_content_types_on_the_wire(
         namespace="default",
     )
     fake_apiserver.faults.clear()
-    assert [c.split(";")[0] for c in seen] == [
+    assert [r.content_type.split(";")[0] for r in seen] == [
         "application/merge-patch+json",
         "application/apply-patch+yaml",
         "application/json-patch+json",
@@ -366,15 +372,8 @@ async def test_request_bodies_on_the_wire_are_go_json(
     kube: KubeClient, fake_apiserver: FakeAPIServer
 ) -> None:
     """The bytes the server receives for a create are :func:`go_json`'s, not json.dumps's."""
-    bodies: list[bytes] = []
-
-    def record(req: RequestInfo) -> bool:
-        if req.verb == "create":
-            bodies.append(req.body_bytes)
-        return False  # observe only
-
-    fake_apiserver.faults.fail_next(1, 500, predicate=record)
+    seen = requests_seen(fake_apiserver, "create")
     made = configmap("wire", zeta="1", alpha="<ü>")
     await kube.resource(CONFIG_MAPS).create(made)
     fake_apiserver.faults.clear()
-    assert bodies == [go_json(made).encode()]
+    assert [r.body_bytes for r in seen] == [go_json(made).encode()]
