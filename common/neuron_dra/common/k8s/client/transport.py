@@ -27,6 +27,9 @@ from .watch import MAX_LINE_BYTES, FrameDecoder, FramedWatchStream, WatchStream
 
 JSON = "application/json"
 
+#: The API server's protobuf encoding (built-in kinds only; CRDs are JSON).
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
 
 def go_json(obj: Any) -> str:
     """``obj`` as JSON the way Go's ``encoding/json`` writes it: compact, map keys sorted,
@@ -37,8 +40,9 @@ def go_json(obj: Any) -> str:
     runs the live object through its structured form and back, which re-encodes them as Go
     does, and then checks that ``status.allocation`` is unchanged byte for byte: with
     Python's default spaces it was not, and every ``status.devices`` report on a claim from
-    our generated templates was refused ("field is immutable"). Floats other than integers'
-    would still differ (``1.0`` against Go's ``1``); the configs we write carry none.
+    our generated templates was refused ("field is immutable"). A float with a whole value
+    would still differ (Python's ``1.0`` against Go's ``1``), as would large exponents; the
+    configs we write carry no floats.
     """
     text = json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
     for char, escaped in _GO_ESCAPES:
@@ -65,8 +69,6 @@ class _GoJsonBodies:
 
 
 k8s_rest.json = _GoJsonBodies  # type: ignore[attr-defined]
-#: The API server's protobuf encoding (built-in kinds only; CRDs are JSON).
-PROTOBUF = "application/vnd.kubernetes.protobuf"
 
 #: Turns a protobuf ``Status`` body into the dict the typed errors read.
 StatusDecoder = Callable[[bytes], dict[str, Any]]
