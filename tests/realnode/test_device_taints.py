@@ -215,9 +215,10 @@ async def test_admin_rules_keep_claims_off_a_device_and_evict_a_nodes_pods(
     try:
         # The rule reaches the scheduler through its own watch, as it does the
         # controller-manager's, which says so in the rule's status. A pod applied in the same
-        # millisecond as the rule may be placed before the scheduler has it (seen once in CI:
-        # wants-3 got device 3). So: the rule's status first, then a pod started on another
-        # device (seconds for a container), and only then the pod that wants device 3.
+        # millisecond as the rule may be placed before the scheduler has it (the likely cause
+        # of one CI run where wants-3 never became unschedulable). So: the rule's status
+        # first, then a pod started on another device (seconds for a container), and only
+        # then the pod that wants device 3.
         await observed(rules, created)
         await sim.apply(device_template("dev1", 1))
         await sim.apply(quick_pod("running", "kn-0", "dev1"))
