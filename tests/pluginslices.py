@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from neuron_dra.common.profiles import PROFILES, UltraServerMode
-from neuron_dra.nodeplugin.discovery.model import NeuronDevice, NodeInventory, UltraServerInfo
+from inventories import profile_inventory
+from neuron_dra.common.profiles import UltraServerMode
+from neuron_dra.nodeplugin.discovery.model import UltraServerInfo
 from neuron_dra.nodeplugin.publish.slices import build_resource_slices
 
 
@@ -17,24 +18,16 @@ def trn2u_slices(
     *,
     node_id_4: int,
     unhealthy: tuple[int, ...] = (),
-    workload_ids: Mapping[str, str] | None = None,
+    workload_ids: Mapping[int | str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The slices of node ``node_id_4`` of UltraServer ``a1b2c3d4e5f60719`` (modes X4, X2V,
     X1), its devices in ``unhealthy`` reported unhealthy, tagged with ``workload_ids``."""
-    profile = PROFILES["trn2u.48xlarge"]
-    inventory = NodeInventory(
-        node_name=node_name,
-        instance_type="trn2u.48xlarge",
-        driver_version="2.24.7.0",
-        devices=tuple(
-            NeuronDevice(
-                index=i,
-                dev_path=f"/dev/neuron{i}",
-                core_count=profile.cores_per_device,
-                healthy=i not in unhealthy,
-            )
-            for i in range(profile.device_count)
-        ),
+    # No chip name: the slices these tests have always compared.
+    inventory = profile_inventory(
+        "trn2u.48xlarge",
+        node_name,
+        chip_name=False,
+        unhealthy=unhealthy,
         ultraserver=UltraServerInfo(
             modes=(UltraServerMode.X4, UltraServerMode.X2V, UltraServerMode.X1),
             server_id_4="a1b2c3d4e5f60719",

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from neuron_dra.common.profiles import PROFILES, UltraServerMode
+from inventories import profile_inventory
+from neuron_dra.common.profiles import UltraServerMode
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
     NodeInventory,
-    PciLocation,
     UltraServerInfo,
 )
 from neuron_dra.nodeplugin.prepare import cdi, claimfiles
@@ -61,26 +60,7 @@ def inventory(
     efa: bool = False,
     pci: bool = False,
 ) -> NodeInventory:
-    p = PROFILES[instance_type]
-    return NodeInventory(
-        node_name=NODE,
-        instance_type=instance_type,
-        driver_version="2.24.7.0",
-        devices=tuple(
-            NeuronDevice(
-                index=i,
-                dev_path=f"/dev/neuron{i}",
-                core_count=p.cores_per_device,
-                device_name=p.device_name,
-                efa_pci_address=f"0000:{0x10 + i // 4:02x}:{0x1B + i % 4:02x}.0" if efa else None,
-                pci=PciLocation(f"0000:{0x11 + i:02x}:00.0", f"pci0000:{0x10 + i:02x}", i // 8)
-                if pci
-                else None,
-            )
-            for i in range(p.device_count)
-        ),
-        ultraserver=ultraserver,
-    )
+    return profile_inventory(instance_type, NODE, ultraserver=ultraserver, efa=efa, pci=pci)
 
 
 def published(inv: NodeInventory, **kw: Any) -> dict[str, Any]:

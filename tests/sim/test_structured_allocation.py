@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from inventories import profile_inventory
 from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
     NodeInventory,
     UltraServerInfo,
 )
@@ -46,30 +46,10 @@ CLASSES: dict[str, dict[str, Any]] = {
 TRN2_SEL = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
 
 
-def efa(i: int) -> str:
-    return f"0000:{0x10 + i // 4:02x}:{0x1B + i % 4:02x}.0"
-
-
 def inventory(
     instance_type: str, node: str, *, ultraserver: UltraServerInfo | None = None
 ) -> NodeInventory:
-    profile = PROFILES[instance_type]
-    return NodeInventory(
-        node_name=node,
-        instance_type=instance_type,
-        driver_version="2.24.7.0",
-        devices=tuple(
-            NeuronDevice(
-                index=i,
-                dev_path=f"/dev/neuron{i}",
-                core_count=profile.cores_per_device,
-                device_name=profile.device_name,
-                efa_pci_address=efa(i),
-            )
-            for i in range(profile.device_count)
-        ),
-        ultraserver=ultraserver,
-    )
+    return profile_inventory(instance_type, node, ultraserver=ultraserver, efa=True)
 
 
 def slices_for(
