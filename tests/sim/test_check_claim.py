@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from inventories import profile_inventory
 from neuron_dra.common.deviceclasses import (
     NEURON_CLASS_EXPRESSION,
     ULTRASERVER_CLASS_EXPRESSION,
@@ -20,7 +21,6 @@ from neuron_dra.common.deviceclasses import (
 )
 from neuron_dra.common.profiles import PROFILES, UltraServerMode
 from neuron_dra.nodeplugin.discovery.model import (
-    NeuronDevice,
     NodeInventory,
     UltraServerInfo,
 )
@@ -552,17 +552,7 @@ ELECTED = UltraServerInfo(
 
 
 def inventory(instance_type: str, ultraserver: UltraServerInfo | None = None) -> NodeInventory:
-    p = PROFILES[instance_type]
-    return NodeInventory(
-        node_name=AGREE_NODE,
-        instance_type=instance_type,
-        driver_version="2.24.7.0",
-        devices=tuple(
-            NeuronDevice(index=i, dev_path=f"/dev/neuron{i}", core_count=p.cores_per_device)
-            for i in range(p.device_count)
-        ),
-        ultraserver=ultraserver,
-    )
+    return profile_inventory(instance_type, AGREE_NODE, ultraserver=ultraserver, chip_name=False)
 
 
 def neuron_config(lnc: Any, *, requests: list[str] | None = None, source: str = "FromClaim") -> Any:
