@@ -53,6 +53,7 @@ from neuron_dra.nodeplugin.kubeletapi.model import (
 )
 from neuron_dra.nodeplugin.kubeletapi.server import socket_paths
 from neuron_dra.nodeplugin.prepare.atomicfile import replace_file
+from neuron_dra.nodeplugin.prepare.cdi import spec_file_name
 
 FLOOR_DRIVER = "floor.example.com"
 #: As many devices as the peer's ``--num-devices`` and a trn2.48xlarge's Neuron devices.
@@ -135,13 +136,11 @@ class FloorFiles:
 
     def __init__(self, driver: str, cdi_root: Path, checkpoint: Path) -> None:
         self._kind = claim_kind(driver)
-        vendor, _, cls = self._kind.partition("/")
-        self._spec_name = f"{vendor}-{cls}_{{}}.json"
         self._cdi_root, self._checkpoint = cdi_root, checkpoint
         self._prepared: dict[str, list[str]] = {}
 
     def spec_path(self, uid: str) -> Path:
-        return self._cdi_root / self._spec_name.format(uid)
+        return self._cdi_root / spec_file_name(uid, cdi_kind=self._kind)  # named as ours
 
     def prepare(self, uid: str, devices: Sequence[str]) -> None:
         spec = {
