@@ -25,7 +25,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 # Only what the wheel is built from (.dockerignore keeps the rest out of the context); the
 # dependency layer is rebuilt only when these change.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY common/ common/
 COPY controller/ controller/
 COPY nodeplugin/ nodeplugin/
@@ -35,7 +35,9 @@ COPY proto/ proto/
 # so the runtime stage installs offline and needs no compiler. The slim image has no compiler
 # either: every dependency must publish a wheel for the target platform (they do for
 # linux/amd64; check grpcio and pydantic-core before building for another one).
-RUN pip wheel --wheel-dir /wheels .
+# constraints.txt: the versions CI tested (the build backend's environment too, through
+# PIP_CONSTRAINT), not the newest each range allows on the day of the build.
+RUN PIP_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir /wheels .
 
 # --- runtime -----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

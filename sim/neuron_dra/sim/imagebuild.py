@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_dra.sim.scratch import work_dir
+
 CACHE_ENV = "NEURON_DRA_IMAGE_CACHE"
 #: The name pods on the test nodes use (no registry answers for it: the archive is imported
 #: into each node's containerd, and the pull policy is IfNotPresent).
@@ -54,6 +56,7 @@ CONTEXT = (
     "Dockerfile",
     ".dockerignore",
     "pyproject.toml",
+    "constraints.txt",
     "README.md",
     "common",
     "controller",
@@ -166,7 +169,7 @@ class Buildah:
 
     def __init__(self, cache: Path, log: Path) -> None:
         self.log = log
-        self.runroot = Path(tempfile.mkdtemp(prefix="ndra-buildah-"))
+        self.runroot = work_dir("buildah", Path(tempfile.gettempdir()))
         self.base = [
             "buildah",
             "--root",
