@@ -104,6 +104,21 @@ def real_nodes_unit(nodeid: str, limit: int = 128) -> str | None:
     return REAL_NODES
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What a killed run left (its work directories in /dev/shm and /tmp, up to a few GB of
+    RAM each) is removed before this one makes its own; once, by the controlling process."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from neuron_dra.sim.scratch import sweep_orphaned
+
+    removed = sweep_orphaned()
+    if removed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = f"removed {len(removed)} work directories of killed runs: {removed[0]}, ..."
+        if reporter is not None:
+            reporter.write_line(line)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
 

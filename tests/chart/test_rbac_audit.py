@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from neuron_dra.common.k8s.client import KubeClient
 from neuron_dra.controller.manager import ControllerManager, ManagerConfig
 from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.scratch import work_dir
 
 from .api_usage import CONTROLLER, KUBELET_PLUGIN, Use
 
@@ -117,7 +117,7 @@ def _tags(server: FakeAPIServer) -> set[str]:
 
 
 async def _scenario(server: FakeAPIServer, plugins: Recorded, controller: Recorded) -> None:
-    root = Path(tempfile.mkdtemp(prefix="ndra-audit-", dir="/tmp"))
+    root = work_dir("audit", Path("/tmp"))
     boot_id = root / "boot_id"
     boot_id.write_text("boot-1\n")
     running: list[KubeletPlugin] = []

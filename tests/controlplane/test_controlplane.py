@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from neuron_dra.sim.controlplane import (
 from neuron_dra.sim.controlplane.claims import generate_name
 from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
+from neuron_dra.sim.scratch import work_dir
 
 DRIVER = "neuron.aws.com"
 G4 = "resource.aws.com/devicegroup4_id"
@@ -156,7 +156,7 @@ async def sim(fake_apiserver: FakeAPIServer, kube_api_client: k8s.ApiClient) -> 
     try:
         for node_name, instance_type in NODES.items():
             # Unix socket paths must stay short: not under pytest's tmp_path.
-            root = roots[node_name] = Path(tempfile.mkdtemp(prefix="ndra-cp-", dir="/tmp"))
+            root = roots[node_name] = work_dir("cp", Path("/tmp"))
             (root / "boot_id").write_text("boot-1\n")
             fake_apiserver.create(
                 {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}}

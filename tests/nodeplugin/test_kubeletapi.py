@@ -20,7 +20,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from neuron_dra.nodeplugin.kubeletapi import (
     socket_paths,
 )
 from neuron_dra.sim.kubeletclient import KubeletClient, discover, pick_service
+from neuron_dra.sim.scratch import work_dir
 
 DRIVER = "neuron.aws.com"
 VERSIONS = ["v1", "v1beta1"]
@@ -147,7 +147,7 @@ class Dirs:
 @pytest.fixture
 def dirs() -> Iterator[Dirs]:
     # Under /tmp: pytest's tmp_path can exceed the 107-byte socket path limit.
-    root = Path(tempfile.mkdtemp(prefix="ndra-", dir="/tmp"))
+    root = work_dir("kubeletapi", Path("/tmp"))
     try:
         yield Dirs(root / "plugins", root / "registry")
     finally:
@@ -797,7 +797,7 @@ async def test_flows_with_upstream_protos(dirs: Dirs, backend: FakeBackend) -> N
             pytest.fail(why)
         pytest.skip(why)
     apis = found
-    work = Path(tempfile.mkdtemp(prefix="ndra-upstream-", dir="/tmp"))
+    work = work_dir("upstream", Path("/tmp"))
     try:
         gen = wire.compile_upstream(apis, work)
         backend.errors = {"uid-b": "boom"}

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from neuron_dra.nodeplugin.kubeletapi import ClaimRef
 from neuron_dra.nodeplugin.plugin import KubeletPlugin, PluginConfig
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.kubeletclient import DraPlugin, KubeletClient
+from neuron_dra.sim.scratch import work_dir
 
 DRIVER = "neuron.aws.com"
 STEP = 15.0  # generous bound for one awaited condition on a loaded 2-core machine
@@ -59,7 +59,7 @@ class Dirs:
 @pytest.fixture
 def dirs() -> Iterator[Dirs]:
     # Unix socket paths must stay under 107 bytes: pytest's tmp_path can be longer.
-    root = Path(tempfile.mkdtemp(prefix="ndra-", dir="/tmp"))
+    root = work_dir("plugin", Path("/tmp"))
     d = Dirs(root)
     d.boot_id.write_text("boot-1\n")
     yield d

@@ -31,6 +31,7 @@ from neuron_dra.proto.drahealth.v1alpha1 import api_pb2 as health
 from neuron_dra.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from neuron_dra.proto.pluginregistration.v1 import api_pb2 as reg
 from neuron_dra.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from neuron_dra.sim.scratch import work_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,7 +157,7 @@ class _Health(health_grpc.DRAResourceHealthServicer):
 @pytest.fixture
 def socket_dir() -> Iterator[str]:
     # pytest's tmp_path can exceed the 107-byte sun_path limit.
-    path = tempfile.mkdtemp(prefix="ndra-", dir="/tmp")
+    path = str(work_dir("wire", Path("/tmp")))
     try:
         yield path
     finally:

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from neuron_dra.sim.realcluster import enabled_minors
 from neuron_dra.sim.realnode import cgroups
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.layout import KUBELET_SYSCTLS
+from neuron_dra.sim.scratch import work_dir
 from neuron_dra.sim.worlds import real_control_plane, require_real_nodes
 
 #: Where a kubelet, containerd, runc, CNI or mount(8) would leave something on a host.
@@ -65,7 +65,7 @@ def snapshot() -> dict[str, object]:
 @pytest.mark.skipif(not enabled_minors(), reason="no real Kubernetes minor enabled")
 def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was() -> None:
     # A short directory: the node's containerd socket is reached by a path under it.
-    tmp_path = Path(tempfile.mkdtemp(prefix="ndra-host-", dir="/tmp"))
+    tmp_path = work_dir("host", Path("/tmp"))
     minor = newest_minor()
     require_real_nodes(minor)
     cp = real_control_plane(minor)

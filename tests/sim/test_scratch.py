@@ -1,8 +1,10 @@
 """Where the clusters keep their short-lived files: the named directory, else a RAM-backed
-one with room, else /tmp."""
+one with room, else /tmp; and what a killed run left, found by the pid in its name."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,58 @@ def test_shm_without_room_or_missing_falls_back(
     assert scratch_root(shm=missing, fallback=Path("/elsewhere"), meminfo=enough) == Path(
         "/elsewhere"
     )
+
+
+# --- what killed runs leave -----------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_work_directory_names_its_maker(tmp_path: Path) -> None:
+    made = scratch.work_dir("soak", tmp_path)
+    assert made.is_dir() and made.parent == tmp_path
+    assert made.name.startswith(f"ndra-soak-p{os.getpid()}-")
+    with pytest.raises(ValueError, match="lower-case"):
+        scratch.work_dir("Bad/kind", tmp_path)
+
+
+def test_a_killed_runs_directories_are_swept_and_nothing_else(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    orphan = tmp_path / f"ndra-k8s-p{dead}-abc123_x"
+    (orphan / "etcd").mkdir(parents=True)
+    (orphan / "etcd" / "db").write_text("x")
+    (orphan / "etcd").chmod(0o500)  # a killed run's read-only files go too
+    kept = tmp_path / f"ndra-soak-p{dead}-kept1"
+    kept.mkdir()
+    scratch.keep(kept, "a post-mortem")
+    linked = tmp_path / f"ndra-n-p{dead}-nodes1"  # a kept soak's nodes, linked from it
+    linked.mkdir()
+    (kept / "nodes").symlink_to(linked)
+    scratch.keep(kept, "a post-mortem")
+    live = scratch.work_dir("sim", tmp_path)  # this process's own
+    with subprocess.Popen(["sleep", "30"]) as running:
+        others = tmp_path / f"ndra-inst-p{running.pid}-zz"  # another live run's
+        others.mkdir()
+        unnamed = tmp_path / "ndra-old-style"  # no maker in its name: not ours to judge
+        unnamed.mkdir()
+        a_file = tmp_path / f"ndra-wire-p{dead}-file"
+        a_file.write_text("")
+        a_link = tmp_path / f"ndra-sim-p{dead}-link"
+        a_link.symlink_to(live)
+
+        assert scratch.orphaned([tmp_path]) == [orphan]
+        assert scratch.sweep_orphaned([tmp_path]) == [orphan]
+        running.kill()
+    assert not orphan.exists()
+    for still in (kept, linked, live, others, unnamed, a_file, a_link):
+        assert still.exists() or still.is_symlink(), still
+    assert "a post-mortem" in (linked / scratch.KEPT).read_text()
+
+
+def test_a_missing_root_is_no_error(tmp_path: Path) -> None:
+    assert scratch.sweep_orphaned([tmp_path / "gone"]) == []

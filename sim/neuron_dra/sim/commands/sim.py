@@ -22,6 +22,7 @@ from pathlib import Path
 from neuron_dra.common.logsetup import TextFormatter
 from neuron_dra.sim.commands.walkthrough import Walkthrough, run_walkthrough
 from neuron_dra.sim.commands.walkthrough.tables import render_table
+from neuron_dra.sim.scratch import sweep_orphaned
 from neuron_dra.sim.simcluster import SimCluster, default_nodes
 
 
@@ -49,6 +50,9 @@ async def run_sim(args: argparse.Namespace) -> int:
     log_file = Path(tempfile.gettempdir()) / f"neuron-dra-sim-{os.getpid()}.log"
     _log_to_file(log_file)
     print(f"component logs: {log_file}", file=out)
+    removed = sweep_orphaned()
+    if removed:
+        print(f"removed {len(removed)} work directories of killed runs", file=out)
     workdir = Path(args.workdir) if getattr(args, "workdir", None) else None
     started = time.monotonic()
     real = getattr(args, "kubernetes", "fake") == "real"

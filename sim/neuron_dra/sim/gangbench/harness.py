@@ -13,7 +13,6 @@ import io
 import json
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from neuron_dra.sim.peerbench.stats import percentile
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
 from neuron_dra.sim.realcluster.processes import CONTROLLER_MANAGER, SCHEDULER
 from neuron_dra.sim.realnode.podspec import for_real_nodes
+from neuron_dra.sim.scratch import keep, work_dir
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
 from neuron_dra.sim.simcluster.topology import ULTRASERVER_TYPE
 
@@ -447,7 +447,7 @@ def run(opts: Options) -> GangResult:
     if opts.server_count > opts.ultraservers:
         raise ValueError(f"{opts.server_count} UltraServers wanted, {opts.ultraservers} exist")
     own = opts.workdir is None
-    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="ndra-gang-", dir="/tmp"))
+    workdir = opts.workdir or work_dir("gang", Path("/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     verbose = [f"-v={opts.verbosity}"] if opts.verbosity else []
     cp = RealControlPlane(
@@ -470,6 +470,7 @@ def run(opts: Options) -> GangResult:
         if opts.trace:
             report = trace_report(result.runs, cp.audit_log)
             (workdir / "trace.txt").write_text(report)
+            keep(workdir, "the gang-start trace")
             _progress(opts, f"trace in {workdir / 'trace.txt'} (logs in {cp.log_dir})")
         ok = True
         return result
@@ -480,4 +481,5 @@ def run(opts: Options) -> GangResult:
         if own and ok and not opts.trace:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
+            keep(workdir, "a failed benchmark's logs")
             _progress(opts, f"failed: logs kept in {workdir}")

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from neuron_dra.common.k8s.client import RESOURCE_CLAIMS, KubeClient, connect
 from neuron_dra.sim.paths import chart_crd_dir
 from neuron_dra.sim.peerbuild import PEER_MODULE, peer_binary, peer_module
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for, free_port
+from neuron_dra.sim.scratch import keep, work_dir
 from neuron_dra.sim.simcluster.realworld import NodeLease
 
 from .apiserver import allocated_claims, create_claims_and_pods, delete_slices, setup, wait_for
@@ -215,9 +215,9 @@ def run(opts: Options) -> RunResult:
     if opts.compile:
         compile_project()
     peer_binary()  # fail early, saying how to build it
-    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="ndra-peer-bench-", dir="/tmp"))
+    workdir = opts.workdir or work_dir("peer-bench", Path("/tmp"))
     own_workdir = opts.workdir is None
-    cdi_base = Path(tempfile.mkdtemp(prefix="ndra-peer-cdi-", dir=tmpfs_dir()))
+    cdi_base = work_dir("peer-cdi", Path(tmpfs_dir() or "/tmp"))
     cp = RealControlPlane(
         bin_dir_for(opts.minor),
         opts.minor,
@@ -249,6 +249,7 @@ def run(opts: Options) -> RunResult:
         if own_workdir and ok:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
+            keep(workdir, "a failed benchmark's logs")
             _progress(f"failed: logs kept in {workdir}")
 
 

@@ -28,7 +28,6 @@ import contextlib
 import shutil
 import ssl
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.images import TEST_IMAGE
 from neuron_dra.sim.realnode.layout import KUBELET_ROOT, NodeLayout
 from neuron_dra.sim.realnode.node import RealNode
+from neuron_dra.sim.scratch import keep, work_dir
 from neuron_dra.sim.waiting import Listeners, wait_until
 
 from . import kubeletmetrics as km
@@ -481,7 +481,7 @@ def run_real(opts: RealOptions) -> RealResult:
         compile_project()
     peer_binary()  # fail early, saying how to build it
     # Short: the nodes' socket paths under it must fit a sun_path.
-    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="ndra-pk-", dir="/tmp"))
+    workdir = opts.workdir or work_dir("pk", Path("/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     cp = RealControlPlane(
         bin_dir_for(opts.minor),
@@ -490,7 +490,7 @@ def run_real(opts: RealOptions) -> RealResult:
         crd_paths=sorted(chart_crd_dir().glob("*.yaml")),  # our plugin watches NeuronUltraServers
     )
     fleet: RealNodeFleet | None = None
-    cdi_base = Path(tempfile.mkdtemp(prefix="ndra-pk-cdi-", dir=tmpfs_dir()))
+    cdi_base = work_dir("pk-cdi", Path(tmpfs_dir() or "/tmp"))
     ok = False
     started = time.time()
     try:
@@ -525,4 +525,5 @@ def run_real(opts: RealOptions) -> RealResult:
         if ok and opts.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
+            keep(workdir, "a failed benchmark's logs")
             _progress(f"failed: logs kept in {workdir}")

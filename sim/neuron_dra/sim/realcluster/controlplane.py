@@ -8,7 +8,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
-from neuron_dra.sim.scratch import scratch_root
+from neuron_dra.sim.scratch import work_dir
 
 from .identities import (
     ADMIN,
@@ -88,14 +87,14 @@ class RealControlPlane:
 
     def start(self) -> RealControlPlane:
         if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="ndra-k8s-", dir=scratch_root()))
+            self.workdir = work_dir("k8s")
             self._own_workdir = True
         ids = unprivileged_ids()
         if ids is not None and not self.workdir.exists() and not reachable(ids, self.workdir):
             # Under a directory the control plane's user cannot walk (pytest's private tmp):
             # the files live in one it can, and the asked-for path leads there.
             self.workdir.parent.mkdir(parents=True, exist_ok=True)
-            real = Path(tempfile.mkdtemp(prefix="ndra-k8s-", dir=scratch_root()))
+            real = work_dir("k8s")
             self.workdir.symlink_to(real)
             self.workdir = real
             self._redirect = real

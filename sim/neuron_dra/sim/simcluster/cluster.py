@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,7 +51,7 @@ from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, shared_control_plane
 from neuron_dra.sim.realnode.podspec import for_real_nodes
-from neuron_dra.sim.scratch import scratch_root
+from neuron_dra.sim.scratch import work_dir
 from neuron_dra.sim.waiting import Listeners, wait_until
 
 from .mirror import ClusterMirror, ClusterReader
@@ -136,7 +135,7 @@ class SimCluster(ClusterReads):
         check_unique(self.nodes)
         # Unix socket paths are limited to 108 bytes: keep the root short.
         self._own_workdir = workdir is None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="ndra-sim-", dir=scratch_root()))
+        self.workdir = workdir or work_dir("sim")
         self.kubernetes = kubernetes
         self.api = FakeAPIServer(port=api_port)
         self.real: RealControlPlane | None = control_plane

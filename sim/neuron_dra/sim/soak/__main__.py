@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from neuron_dra.sim.frontend import options_from
+from neuron_dra.sim.scratch import sweep_orphaned
 from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.options import Options
 
@@ -39,6 +40,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="real kubelets, containerd and containers (root; hack/k8s/node-packages); adds "
         "kill -9 of kubelets and containerds and node reboots to the faults",
     )
+    p.add_argument(
+        "--until-faults",
+        action="store_true",
+        help="churn past --minutes until every planned fault has fired and the system was "
+        "whole again after it (a slow machine takes longer, it does not miss faults)",
+    )
+    p.add_argument(
+        "--churn-limit",
+        type=float,
+        default=900.0,
+        help="with --until-faults: s of churn after which the faults not reached are a "
+        "violation (default 900)",
+    )
     p.add_argument("--workdir", type=Path, help="default: a new /tmp/ndra-soak-* directory")
     p.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     p.add_argument("--quiet", action="store_true", help="print only violations and the summary")
@@ -48,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # retried with back-off; its traceback is noise here.
     logging.getLogger("neuron_dra.sim.controlplane").setLevel(logging.CRITICAL)
     options = options_from(Options, args)
+    for removed in sweep_orphaned():
+        print(f"removed a killed run's work directory: {removed}", flush=True)
     return asyncio.run(Soak(options).run())
 
 
