@@ -9,6 +9,7 @@ kubelet is tested separately with an independent encoder.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import stat
@@ -31,6 +32,7 @@ from neuron_dra.nodeplugin.kubeletapi.model import (
     RegistrationRejected,
     UnprepareResult,
 )
+from neuron_dra.sim.cancellation import being_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,14 @@ def discover(registrar_dir: Path) -> list[Path]:
     return sorted(found)
 
 
+def _closed_under(method: str) -> PluginCallError:
+    """A call whose channel was closed while it was in flight: grpc.aio then cancels the
+    awaiting task's await (``CancelledError`` without the task being cancelled).
+    Re-registration closes the channel of the plugin's previous instance; a kubelet sees
+    that call fail, not its own loop stop."""
+    return PluginCallError(method, "CANCELLED", "the plugin's connection closed during the call")
+
+
 def _rpc_error(method: str, exc: Any) -> PluginCallError:
     return PluginCallError(method, exc.code().name, exc.details() or "")
 
@@ -100,12 +110,20 @@ class DraPlugin:
             return await self._stub().prepare(claims, self.call_timeout)
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error("NodePrepareResources", exc) from exc
+        except asyncio.CancelledError:
+            if being_cancelled():
+                raise
+            raise _closed_under("NodePrepareResources") from None
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         try:
             return await self._stub().unprepare(claims, self.call_timeout)
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error("NodeUnprepareResources", exc) from exc
+        except asyncio.CancelledError:
+            if being_cancelled():
+                raise
+            raise _closed_under("NodeUnprepareResources") from None
 
     def health_stream(self) -> AsyncGenerator[list[DeviceHealthReport], None]:
         """Complete device-health lists as the plugin sends them, over the newest dra-health

@@ -21,6 +21,7 @@ from neuron_dra.common.k8s.client import ResourceClient
 from neuron_dra.common.k8s.errors import classify
 from neuron_dra.common.k8s.reflector import Reflector
 from neuron_dra.common.k8s.workqueue import ExponentialBackoff, QueueShutDown, WorkQueue
+from neuron_dra.sim.cancellation import being_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,13 @@ class Loop(Generic[K]):
             try:
                 await self.sync(key)
             except asyncio.CancelledError:
-                raise
+                if being_cancelled():
+                    raise
+                # Something the sync awaited was cancelled under it, not this worker (a gRPC
+                # channel closed with a call in flight): the key is retried; the worker must
+                # not end, or every later key of the loop would wait for ever.
+                log.info("%s: syncing %s was cancelled under it; retrying", self.name, key)
+                self.queue.add_rate_limited(key)
             except Waiting as exc:
                 log.debug("%s: %s: %s", self.name, key, exc)
                 self.queue.add_rate_limited(key)
