@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from neuron_dra.sim.realcluster import RealControlPlane
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.images import ALIASES
 from neuron_dra.sim.realnode.podspec import for_real_nodes
-from neuron_dra.sim.scratch import scratch_root
+from neuron_dra.sim.scratch import work_dir
 from neuron_dra.sim.worlds import require_real_nodes
 
 from .conftest import Helm, Overrides
@@ -93,6 +92,11 @@ class Installed:
         return str((json.loads(out or "{}").get("spec") or {}).get("holderIdentity") or "")
 
 
+#: The limit of a wait for a rollout or for pods under load: a bound on being stuck, not on a
+#: slow machine (every wait's event is still asserted).
+STUCK = 600.0
+
+
 def wait_for(what: str, check: Any, limit: float = 180.0) -> Any:
     deadline = time.monotonic() + limit
     while True:
@@ -109,7 +113,7 @@ def installed(request: pytest.FixtureRequest, helm: Helm) -> Iterator[Installed]
     archive, image = require_image()
     require_real_nodes(minor)
     # A short directory: each node's containerd socket is reached by a path under it.
-    workdir = Path(tempfile.mkdtemp(prefix="ndra-inst-", dir=scratch_root()))
+    workdir = work_dir("inst")
     with control_plane(minor) as cp:
         fleet = RealNodeFleet(cp, workdir=workdir / "nodes", extra_images=[archive])
         try:
@@ -321,14 +325,27 @@ def device_pod(name: str, template: str, labels: dict[str, str]) -> dict[str, An
     }
 
 
+@dataclass
+class LoadPod:
+    name: str
+    created: float  # monotonic, before its create
+    running: float | None = None  # monotonic, once it was seen Running
+
+
+#: How long one load pod may take to run: a bound on a stuck Prepare, not on a slow machine
+#: (each pod's Running is asserted; the test judges the upgrade by its Prepare failures).
+LOAD_POD_LIMIT = "300s"
+
+
 class Load:
     """Pods with a one-device claim, created, run and deleted in turn while a release
     changes: each must reach Running (its claim prepared by whichever plugin instance the
-    kubelet calls)."""
+    kubelet calls). Each pod's times are kept, so the test can tell that the load ran through
+    a change (a pod in flight during it, another started after it), however long it took."""
 
     def __init__(self, installed: Installed) -> None:
         self.installed = installed
-        self.done = 0
+        self.pods: list[LoadPod] = []
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load", daemon=True)
@@ -339,26 +356,39 @@ class Load:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=180)
+        self._thread.join(timeout=360)
+
+    def ran_since(self, since: float) -> bool:
+        """A pod created at or after ``since`` reached Running."""
+        return any(p.created >= since and p.running is not None for p in self.pods)
+
+    def in_flight(self, start: float, end: float) -> list[str]:
+        """The pods that were on their way to Running at some moment of [start, end]."""
+        return [
+            p.name
+            for p in self.pods
+            if p.created <= end and (p.running is None or p.running >= start)
+        ]
 
     def _run(self) -> None:
         i = 0
         while not self._stop.is_set():
             i += 1
-            name = f"load-{i}"
+            pod = LoadPod(f"load-{i}", time.monotonic())
+            self.pods.append(pod)
             try:
                 self.installed.apply(load_pod(i))
                 self.installed.kubectl(
-                    "wait", "--for=jsonpath={.status.phase}=Running", f"pod/{name}",
-                    "--timeout=90s",
+                    "wait", "--for=jsonpath={.status.phase}=Running", f"pod/{pod.name}",
+                    f"--timeout={LOAD_POD_LIMIT}",
                 )  # fmt: skip
-                self.done += 1
+                pod.running = time.monotonic()
             except Exception as err:  # every failure is reported
-                self.failures.append(f"{name}: {err}")
+                self.failures.append(f"{pod.name}: {err}")
                 if len(self.failures) >= 3:
                     return  # the test fails on them; more would say nothing new
             finally:
-                self.installed.kubectl("delete", "pod", name, "--wait=false", check=False)
+                self.installed.kubectl("delete", "pod", pod.name, "--wait=false", check=False)
 
 
 def test_a_device_taken_again_at_once_is_prepared_without_a_retry(installed: Installed) -> None:
@@ -482,7 +512,9 @@ def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -
     tag = new.rpartition(":")[2]
     with Load(installed) as load:
         try:
-            wait_for("the load running", lambda: load.done >= 2, limit=120)
+            wait_for(
+                "a load pod Running", lambda: load.ran_since(0) or load.failures, limit=STUCK
+            )
         except AssertionError as err:
             raise AssertionError(
                 f"{err}; failures {load.failures[:3]}; "
@@ -490,16 +522,34 @@ def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -
             ) from err
         # Every node's new plugin pod at once beside its old one (the default surges one node
         # at a time: the same per node, slower here).
+        upgrading = time.monotonic()
         installed.chart.upgrade(
             Overrides.of(f"image.tag={tag}", "kubeletPlugin.updateStrategy.maxSurge=100%"),
             "--reuse-values",
         )
-        wait_for("the upgrade rolled out", lambda: rolled_out(installed, new), limit=240)
-        wait_for("more load after the upgrade", lambda: load.done >= 8, limit=240)
+        wait_for("the upgrade rolled out", lambda: rolled_out(installed, new), limit=STUCK)
+        upgraded = time.monotonic()
+        wait_for(
+            "a load pod started after the upgrade Running",
+            lambda: load.ran_since(upgraded) or load.failures,
+            limit=STUCK,
+        )
+        rolling_back = time.monotonic()
         installed.chart.rollback(1)
-        wait_for("the rollback rolled out", lambda: rolled_out(installed, old), limit=240)
-        wait_for("more load after the rollback", lambda: load.done >= 12, limit=240)
+        wait_for("the rollback rolled out", lambda: rolled_out(installed, old), limit=STUCK)
+        rolled_back = time.monotonic()
+        wait_for(
+            "a load pod started after the rollback Running",
+            lambda: load.ran_since(rolled_back) or load.failures,
+            limit=STUCK,
+        )
+    # The load ran through both changes: a pod was on its way to Running while each rolled
+    # out (its claim prepared by an old, a new or both plugin instances), however long that
+    # took, and none failed.
     assert not load.failures, load.failures
+    times = [(p.name, p.created, p.running) for p in load.pods]
+    assert load.in_flight(upgrading, upgraded), ("no load pod during the upgrade", times)
+    assert load.in_flight(rolling_back, rolled_back), ("no load pod during the rollback", times)
     assert not failed_prepares(installed)
     assert installed.lease_holder() != leader, "the leader handed over to a new pod"
     after = installed.workload("kept")

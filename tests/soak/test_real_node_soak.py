@@ -1,8 +1,11 @@
 """The chaos soak in short on real nodes (``hack/soak --real-nodes``): a fixed seed, 4 real
-nodes (one UltraServer), 75 s of churn, and every kind of fault at least once: kill -9 of
-the controller leader and standby, a plugin, each control-plane component, a kubelet and a
-containerd, and a node reboot. It must end with no violation (including: every Running
-container has exactly its claims' devices and environment) and no process left behind."""
+nodes (one UltraServer), a churn of at least 75 s that goes on until every kind of fault has
+fired once and the system was whole again after it: kill -9 of the controller leader and
+standby, a plugin, each control-plane component, a kubelet and a containerd, and a node
+reboot. The faults run one after another, each waiting for the system to recover, so a slow
+machine makes the soak longer, not red; a fault not reached within the churn's limit is a
+violation that names it. It must end with no violation (including: every Running container
+has exactly its claims' devices and environment) and no process left behind."""
 
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ def test_short_soak_on_real_nodes_loses_nothing_under_every_fault(tmp_path: Path
             workdir=tmp_path / "soak",
             fault_interval=6.0,
             real_nodes=True,
+            until_faults=True,
             quiet=True,
         )
     )

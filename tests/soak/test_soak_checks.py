@@ -5,6 +5,7 @@ short soak on real nodes, with every kind of fault, is tests/soak/test_real_node
 from __future__ import annotations
 
 import asyncio
+import calendar
 import json
 import random
 from pathlib import Path
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 from neuron_dra.sim.simcluster.containers import ContainerDevices
 from neuron_dra.sim.soak import realnodes
-from neuron_dra.sim.soak.children import PLUGIN
-from neuron_dra.sim.soak.faults import FAULT_WEIGHTS, LEADER, Fault, plan_faults
+from neuron_dra.sim.soak.children import PLUGIN, start_phases
+from neuron_dra.sim.soak.faults import FAULT_WEIGHTS, LEADER, Fault, not_reached, plan_faults
 from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.invariants import (
     ContainerExpectation,
@@ -170,6 +171,26 @@ def test_the_fault_schedule_has_the_real_nodes_faults_on_nodes(tmp_path: Path) -
     )
 
 
+def test_the_faults_the_churns_limit_left_are_named_with_what_took_the_time() -> None:
+    schedule = [
+        Fault(8.0, LEADER, "controller-1", 1.0, done_at=8.2, recovery=41.5),
+        Fault(14.0, PLUGIN, "trn2u-0-n2", 1.0, done_at=52.0),  # fired, not whole yet
+        Fault(20.0, "etcd", "etcd", 2.0),
+        Fault(26.0, "kubelet-kill", "trn2u-0-n1", 1.0),
+    ]
+    text = not_reached(schedule, Options(until_faults=True, churn_limit=60))
+    assert text.startswith("2 of 4 planned faults not reached in the churn's limit of 60s: ")
+    assert "etcd on etcd (planned at 20s), kubelet-kill on trn2u-0-n1 (planned at 26s)" in text
+    assert "controller-leader at 8s: whole again after 41.5s" in text
+    assert f"{PLUGIN} at 52s: whole again after (not seen)" in text
+
+
+def test_the_replay_command_keeps_the_until_faults_mode() -> None:
+    options = Options(minutes=1.25, seed=13, nodes=4, until_faults=True, churn_limit=900)
+    assert options.command().endswith(" --until-faults --churn-limit 900")
+    assert "--until-faults" not in Options().command()
+
+
 def test_the_kubelets_prepared_claims_are_read_from_its_checkpoint() -> None:
     data = {
         "kind": "DRACheckpoint",
@@ -248,7 +269,8 @@ def test_a_workload_containers_rank_comes_from_its_units_entry() -> None:
 
 def test_short_soak_on_simulated_nodes(tmp_path: Path) -> None:
     """The default node side (simulated kubelets in the soak's process) still runs the soak:
-    a plugin and the leader killed, nothing lost."""
+    a plugin and the leader killed, nothing lost; the churn lasts until both have fired and
+    the system recovered from each, however slow the machine."""
     require_built(MINOR)
     soak = Soak(
         Options(
@@ -258,6 +280,7 @@ def test_short_soak_on_simulated_nodes(tmp_path: Path) -> None:
             minor=MINOR,
             workdir=tmp_path / "soak",
             fault_interval=1000.0,
+            until_faults=True,
             quiet=True,
         )
     )
@@ -273,3 +296,21 @@ def test_short_soak_on_simulated_nodes(tmp_path: Path) -> None:
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+
+def test_a_restarted_plugins_start_is_told_step_by_step_from_its_log() -> None:
+    started = calendar.timegm((2026, 11, 28, 13, 10, 0, 0, 0, 0)) + 0.5
+    log = "\n".join(
+        [
+            "Traceback of an earlier run, not a log line",
+            "I1128 13:10:02.500000 neuron_dra.nodeplugin.plugin] emulating trn2u.48xlarge",
+            "I1128 13:10:04.000000 neuron_dra.nodeplugin.publish] published 16 devices in 1",
+            'I1128 13:10:05.250000 neuron_dra.nodeplugin.kubeletapi] kubelet plugin serving x="y"',
+            "W1128 13:10:06.000000 neuron_dra.nodeplugin.kubeletapi] registered with the kubelet",
+            "I1128 13:10:09.000000 neuron_dra.nodeplugin.publish] published 16 devices again",
+        ]
+    )
+    assert start_phases(log, started) == (
+        "first log +2.0s, published +3.5s, serving +4.8s, registered +5.5s"
+    )
+    assert start_phases("no log line here", started) == ""

@@ -3,6 +3,7 @@ their HTTP port read from their log, and the check that none outlives the soak."
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import shutil
@@ -20,6 +21,37 @@ from neuron_dra.sim.realcluster.processes import die_with_parent
 PLUGIN = "plugin"
 CONTROLLER = "controller"
 SETPRIV = shutil.which("setpriv")
+
+#: The steps of a plugin's start its log reports, by the first words of their line.
+START_STEPS = (
+    ("published", "published "),
+    ("serving", "kubelet plugin serving"),
+    ("registered", "registered with the kubelet"),
+)
+#: A text log line (``I1128 13:10:00.123456 name] message``, the klog-like format).
+_LOG_LINE = re.compile(r"[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) [^\]]*\] (.*)")
+
+
+def start_phases(text: str, started: float) -> str:
+    """When a (re)started process's log says it reached each step of its start, in seconds
+    after ``started`` (wall clock): its first line (the interpreter up and the imports done)
+    and the :data:`START_STEPS`. What a slow recovery spent its time on; "" for a log with
+    no text-format line."""
+    year = time.gmtime(started).tm_year
+    seen: dict[str, float] = {}
+    for line in text.splitlines():
+        found = _LOG_LINE.match(line)
+        if found is None:
+            continue
+        month, day, hour, minute, second, micros, message = found.groups()
+        at = calendar.timegm(
+            (year, int(month), int(day), int(hour), int(minute), int(second), 0, 0, 0)
+        ) + int(micros) / 1e6
+        seen.setdefault("first log", at)
+        for step, opening in START_STEPS:
+            if message.startswith(opening):
+                seen.setdefault(step, at)
+    return ", ".join(f"{step} +{at - started:.1f}s" for step, at in seen.items())
 
 
 def popen(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -50,6 +82,7 @@ class Child:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    started_wall: float = 0.0
     log_offset: int = 0
     #: Down on purpose (a fault in progress): the supervisor leaves it alone.
     held: bool = False
@@ -65,7 +98,18 @@ class Child:
         self.proc = popen(self.enter(self.argv) if self.enter else self.argv, self.log)
         self.pids.append(self.proc.pid)
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
         self.starts += 1
+
+    def start_phases(self) -> str:
+        """:func:`start_phases` of the current process's log."""
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self.log_offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return start_phases(text, self.started_wall)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

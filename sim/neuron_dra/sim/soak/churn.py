@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,8 +32,9 @@ class Workload:
     wid: str | None = None
 
 
-async def churn(soak: Soak, end: float) -> None:
-    while time.monotonic() < end and not soak.stopping.is_set():
+async def churn(soak: Soak, end: float, done: Callable[[], bool] = lambda: False) -> None:
+    """Operations until ``end`` (a monotonic time) or until ``done()`` says so."""
+    while time.monotonic() < end and not done() and not soak.stopping.is_set():
         await asyncio.sleep(soak.rng.expovariate(1 / soak.o.op_interval))
         ops = ["workload+", "workload-", "claim+", "claim-"]
         live = len(soak.workloads)

@@ -18,7 +18,7 @@ from neuron_dra.sim.realcluster import (
     SCHEDULER,
 )
 from neuron_dra.sim.soak.children import CONTROLLER, PLUGIN
-from neuron_dra.sim.soak.options import CONTROL_PLANE
+from neuron_dra.sim.soak.options import CONTROL_PLANE, Options
 from neuron_dra.sim.soak.realnodes import REBOOT
 from neuron_dra.sim.soak.supervisor import restart_child, restart_cp
 
@@ -73,6 +73,24 @@ def plan_faults(
         on_node = kind == PLUGIN or kind in (node_weights or {})
         target = fault_rng.choice(nodes) if on_node else kind
         out.append(Fault(round(t, 1), kind, target, round(fault_rng.uniform(0, 4), 1)))
+
+
+def not_reached(schedule: list[Fault], options: Options) -> str:
+    """What the churn's limit left undone: the faults that never fired (and those done, with
+    the time each took to recover, which is where the limit went)."""
+    missing = [
+        f"{f.kind} on {f.target} (planned at {f.at:.0f}s)" for f in schedule if f.done_at is None
+    ]
+    done = [
+        f"{f.kind} at {f.done_at:.0f}s: whole again after "
+        + (f"{f.recovery:.1f}s" if f.recovery is not None else "(not seen)")
+        for f in schedule
+        if f.done_at is not None
+    ]
+    return (
+        f"{len(missing)} of {len(schedule)} planned faults not reached in the churn's limit "
+        f"of {options.churn_limit:g}s: {', '.join(missing)}; done: {'; '.join(done) or 'none'}"
+    )
 
 
 async def inject(soak: Soak, start: float) -> None:
@@ -133,4 +151,15 @@ async def one_fault(soak: Soak, fault: Fault) -> None:
         return
     fault.recovery = time.monotonic() - restarted
     soak.whole_since = soak.now()
-    soak.event(f"whole again {fault.recovery:.1f}s after restarting {target}")
+    # Where a slow recovery went: the restarted plugin's log tells when it reached each step
+    # of its start (its first line: the interpreter up and the imports done).
+    restarted_child = soak.children.get(target)
+    phases = (
+        restarted_child.start_phases()
+        if restarted_child is not None and restarted_child.kind == PLUGIN
+        else ""
+    )
+    soak.event(
+        f"whole again {fault.recovery:.1f}s after restarting {target}"
+        + (f" (its start: {phases})" if phases else "")
+    )

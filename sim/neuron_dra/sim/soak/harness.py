@@ -32,7 +32,6 @@ import logging
 import random
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -45,7 +44,7 @@ from neuron_dra.common.k8s.client import LEASES, NEURON_ULTRASERVERS, KubeClient
 from neuron_dra.common.k8s.errors import NotFoundError
 from neuron_dra.sim.controlplane import ensure_device_classes
 from neuron_dra.sim.realcluster import ADMIN, RealControlPlane, bin_dir_for
-from neuron_dra.sim.scratch import scratch_root
+from neuron_dra.sim.scratch import keep, work_dir
 from neuron_dra.sim.simcluster.realworld import SERVICE_ACCOUNTS, ensure_namespace
 from neuron_dra.sim.simcluster.topology import SimNode, ultraservers
 from neuron_dra.sim.soak import faults, invariants, report, settling
@@ -81,9 +80,7 @@ class Soak:
         if options.nodes % TOPOLOGY_SIZE:
             raise ValueError(f"--nodes must be a multiple of {TOPOLOGY_SIZE}")
         self.nodes: list[SimNode] = ultraservers(options.nodes // TOPOLOGY_SIZE)
-        self.workdir = options.workdir or Path(
-            tempfile.mkdtemp(prefix="ndra-soak-", dir=scratch_root())
-        )
+        self.workdir = options.workdir or work_dir("soak")
         self.workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a new directory
         self.cp: RealControlPlane | None = None
         self.kube: KubeClient | None = None  # churn + checker
@@ -161,7 +158,7 @@ class Soak:
         nodes = self.workdir / "nodes"
         if len(str(nodes)) <= SHORT_PATH:
             return nodes
-        short = Path(tempfile.mkdtemp(prefix="ndra-n-", dir=scratch_root()))
+        short = work_dir("n")
         self.workdir.mkdir(parents=True, exist_ok=True)
         nodes.unlink(missing_ok=True)
         nodes.symlink_to(short)
@@ -345,7 +342,16 @@ class Soak:
                 asyncio.create_task(settling.container_checker(self), name="containers"),
             ]
             injecting = asyncio.create_task(faults.inject(self, begin), name="faults")
-            await churn(self, end)
+            if self.o.until_faults:
+                await churn(
+                    self,
+                    begin + self.o.churn_limit,
+                    lambda: injecting.done() and time.monotonic() >= end,
+                )
+                if not injecting.done():
+                    self.violate("faults-not-reached", faults.not_reached(self.faults, self.o))
+            else:
+                await churn(self, end)
             self.event("churn over; waiting for the last fault's recovery")
             # No new fault; the one under way finishes (restart, recovery measured).
             self.faults_over = True
@@ -386,5 +392,6 @@ class Soak:
                 self.cp.remove_files()
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:
+            keep(self.workdir, "the soak's work directory: a post-mortem's, or --keep")
             print(f"work directory kept: {self.workdir}", flush=True)
         return 1 if self.violations else 0

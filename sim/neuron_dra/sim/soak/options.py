@@ -34,6 +34,13 @@ class Options:
     #: How long the system may take to be whole after a fault, or to converge at the end.
     recover_limit: float = 180.0
     converge_limit: float = 240.0
+    #: Churn past ``minutes`` until every planned fault has fired and its recovery was seen
+    #: (faults run one after another, each waiting for the system to be whole: on a slow
+    #: machine they take longer, and a fixed window would end before the last ones).
+    until_faults: bool = False
+    #: With ``until_faults``: the churn's limit, in s from its start; the faults not reached
+    #: by then are a violation that names them.
+    churn_limit: float = 900.0
     #: Real nodes (real kubelets, containerd, containers) instead of simulated kubelets.
     real_nodes: bool = False
     keep: bool = False
@@ -42,7 +49,8 @@ class Options:
     def command(self) -> str:
         """The command that replays this run (the same seed: the same faults and operations)."""
         real = " --real-nodes" if self.real_nodes else ""
+        until = f" --until-faults --churn-limit {self.churn_limit:g}" if self.until_faults else ""
         return (
             f"hack/soak --minutes {self.minutes:g} --seed {self.seed} --nodes {self.nodes} "
-            f"--minor {self.minor}{real}"
+            f"--minor {self.minor}{real}{until}"
         )
