@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from neuron_dra.common import constants as c
 from neuron_dra.sim.simcluster import SimCluster
+from neuron_dra.sim.simcluster.cluster import RECOVERY_LIMIT
 
 NS = "default"
 
@@ -32,4 +33,4 @@ async def reset(sim: SimCluster) -> None:
             and sim.whole()
         )
 
-    await sim.wait_until(idle, "the cluster back to idle")
+    await sim.wait_until(idle, "the cluster back to idle", RECOVERY_LIMIT)

@@ -16,6 +16,7 @@ from e2e.reset import reset
 from neuron_dra.sim.commands.walkthrough import Walkthrough
 from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.simcluster import SimCluster, ultraservers
+from neuron_dra.sim.simcluster.cluster import RECOVERY_LIMIT
 from neuron_dra.sim.worlds import cluster_kwargs, own_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -103,7 +104,7 @@ async def test_restart_all_reallocates_everything_and_restarts_every_pod(
             return pods
         return None
 
-    pods = await sim.wait_until(restarted, "8 new pods Running after RestartAll")
+    pods = await sim.wait_until(restarted, "8 new pods Running after RestartAll", RECOVERY_LIMIT)
     after = await ranks(walk, pods)
     assert sorted(after) == list(range(8))
     nodes = {node for _, node, _ in after.values()}
@@ -141,7 +142,8 @@ async def test_replace_affected_swaps_the_failed_unit_and_restarts_only_its_pods
         uids = {p["metadata"]["uid"] for p in pods}
         return pods if len(uids) == 8 and uids & old == kept else None
 
-    after = await ranks(walk, await sim.wait_until(replaced, "the failed unit's pods replaced"))
+    pods = await sim.wait_until(replaced, "the failed unit's pods replaced", RECOVERY_LIMIT)
+    after = await ranks(walk, pods)
     assert sorted(after) == list(range(8))
     assert {r for r in after if after[r][0] != before[r][0]} == affected
     for r in range(4):

@@ -68,8 +68,11 @@ class NodeNetwork:
 
 
 class NodeNamespace:
+    #: ``ready_limit``: how long the namespace holder and the relay (a Python process: its
+    #: interpreter and imports, slow on a starved CPU) may take to say they are ready; a bound
+    #: for a stuck start, not a slow one.
     def __init__(
-        self, layout: NodeLayout, network: NodeNetwork, *, ready_limit: float = 10.0
+        self, layout: NodeLayout, network: NodeNetwork, *, ready_limit: float = 60.0
     ) -> None:
         self.layout = layout
         self.network = network
@@ -116,7 +119,7 @@ class NodeNamespace:
         if line.strip() != b"ready":
             self.stop()
             raise NodeError(
-                f"node {self.layout.name}: {what} ({log}):\n"
+                f"node {self.layout.name}: {what} within {self.ready_limit:g} s ({log}):\n"
                 + log.read_text(errors="replace")[-2000:]
             )
 

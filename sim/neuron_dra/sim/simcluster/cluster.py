@@ -75,8 +75,14 @@ JsonDict = dict[str, Any]
 
 RESOURCE_V1 = "resource.k8s.io/v1"
 NEURON_V1BETA1 = "neuron.aws.com/v1beta1"
-#: Bound for one awaited condition: generous, as CI machines are small and shared.
+#: Bound for one awaited condition (a status the controller writes, a pod of a few Running):
+#: generous, as CI machines are small and shared.
 DEFAULT_LIMIT = 60.0
+#: Bound for a recovery that restarts many pods at once or brings nodes back (a failure
+#: strategy's RestartAll or ReplaceAffected, a node's reboot before the cluster is idle
+#: again): each pod is a scheduling, a Prepare and a container start, and on real nodes a
+#: rebooted node starts its kubelet, containerd and plugin first. A bound for being stuck.
+RECOVERY_LIMIT = 300.0
 #: The controller's component name for ``SimCluster(identities=...)`` (plugins: node names).
 CONTROLLER = "controller"
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")

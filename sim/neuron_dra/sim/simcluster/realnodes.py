@@ -23,7 +23,7 @@ from neuron_dra.sim.realcluster import RealControlPlane
 from neuron_dra.sim.realcluster.processes import Component, tail
 from neuron_dra.sim.realnode.fleet import RealNodeFleet
 from neuron_dra.sim.realnode.layout import CDI_DIR, PLUGINS_DIR, PLUGINS_REGISTRY
-from neuron_dra.sim.realnode.node import RealNode
+from neuron_dra.sim.realnode.node import KUBELET, RealNode
 
 from .containers import ContainerDevices
 from .topology import SimNode
@@ -48,7 +48,13 @@ _LOOK_INSIDE = (
 #: kubectl errors that go away: the API server's resolver has not seen a new node's name
 #: yet (it re-reads its hosts file at most every 5 s), or the container is just starting.
 _TRANSIENT = re.compile(r"no such host|container not found|unable to upgrade|does not have a host")
-_EXEC_LIMIT = 30.0
+#: How long a look inside waits, when its caller names no bound of its own: a bound for a
+#: stuck ``kubectl exec``, not a slow one (on a 2-core machine running four real clusters one
+#: took over 35 s).
+_EXEC_LIMIT = 60.0
+#: How long a plugin instance may take to be ready (registered, its slice published): the
+#: node's own readiness bound, since a loaded machine starts the interpreter slowly.
+PLUGIN_READY_LIMIT = 120.0
 
 
 def node_labels(node: SimNode) -> dict[str, str]:
@@ -205,7 +211,7 @@ class RealNodes:
     def _node_of(self, comp: Component) -> RealNode:
         return next(n for n in self.fleet.nodes.values() if comp in n.spawned.values())
 
-    async def wait_ready(self, comp: Component, limit: float = 60.0) -> None:
+    async def wait_ready(self, comp: Component, limit: float = PLUGIN_READY_LIMIT) -> None:
         """Until the plugin instance's ``/readyz`` says yes: registered with the kubelet and
         its slice published (what the DaemonSet's readiness probe waits for). Its port is
         the one it printed when it started."""
@@ -223,7 +229,18 @@ class RealNodes:
             if ready:
                 return
             await asyncio.sleep(0.1)  # a readiness endpoint, polled like a kubelet probe
-        raise TimeoutError(f"plugin {comp.name} not ready after {limit:g} s")
+        # Which half of readiness is missing (registration or the slice) is in the plugin's log;
+        # whether the kubelet saw its socket at all is in the kubelet's.
+        kubelet = self._node_of(comp).components[KUBELET].log
+        seen = [
+            line
+            for line in kubelet.read_text(errors="replace").splitlines()
+            if comp.name.removeprefix(f"{PLUGIN}-") in line
+        ]
+        raise TimeoutError(
+            f"plugin {comp.name} not ready after {limit:g} s; its log:\n{tail(comp.log)}\n"
+            "the kubelet's lines about it:\n" + "\n".join(seen[-10:])
+        )
 
     def plugin_failed(self) -> str | None:
         """A plugin that exited, with its log's telling lines (a start must not hang on it)."""

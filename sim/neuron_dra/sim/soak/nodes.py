@@ -62,4 +62,7 @@ class SoakNodes(Protocol):
     def containers_looked_into(self) -> int:
         """How many containers the check looked inside so far."""
 
+    def container_looks_failed(self) -> list[str]:
+        """The looks inside that failed (each tried again later), with why."""
+
     async def stop(self) -> None: ...

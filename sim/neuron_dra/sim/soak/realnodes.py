@@ -47,7 +47,9 @@ KUBELET_DRA_STATE = "/var/lib/kubelet/dra_manager_state"
 #: New containers looked into per check round: the rest wait for the next round, so one
 #: round stays short on a busy machine (each look is a ``kubectl exec``, bounded in time).
 _LOOKS_PER_ROUND = 4
-_LOOK_LIMIT = 5.0
+#: One look's bound (retrying what goes away): room for a loaded machine's ``kubectl exec``;
+#: a look that fails is counted, reported, and tried again in a later round.
+_LOOK_LIMIT = 30.0
 
 
 def kubelet_prepared_claims(text: str) -> set[str]:
@@ -71,6 +73,8 @@ class RealSoakNodes:
         self.held: set[tuple[str, str]] = set()
         #: Containers already looked into (their ids: a container restarted is a new one).
         self.looked: set[str] = set()
+        #: Looks that failed (the pod gone or restarting, the API server down), with why.
+        self.failed_looks: list[str] = []
         profile = profile_for(INSTANCE_TYPE)
         self.cores_per_device = profile.cores_per_device // profile.default_lnc
 
@@ -226,6 +230,7 @@ class RealSoakNodes:
                 except RuntimeError as exc:
                     # Gone, restarting, or the API server down: a later round looks again.
                     reason = str(exc).split("\n")[0][:160]
+                    self.failed_looks.append(f"{pod['metadata']['name']}: {reason}")
                     soak.event(f"look into pod {pod['metadata']['name']} failed: {reason}")
                     continue
                 self.looked.add(cid)
@@ -235,6 +240,9 @@ class RealSoakNodes:
 
     def containers_looked_into(self) -> int:
         return len(self.looked)
+
+    def container_looks_failed(self) -> list[str]:
+        return list(self.failed_looks)
 
     async def stop(self) -> None:
         if self.fleet is not None:

@@ -52,6 +52,7 @@ def report(soak: Soak, started: bool) -> JsonDict:
         },
         "checks": soak.checks,
         "containers_looked_into": soak.node_side.containers_looked_into(),
+        "container_looks_failed": soak.node_side.container_looks_failed(),
         "violations": soak.violations,
         "fault_schedule": [
             {"at": f.done_at, "kind": f.kind, "target": f.target, "down": f.downtime} for f in done
@@ -63,7 +64,8 @@ def summary(r: JsonDict) -> str:
     lines = [
         f"soak: {r['command']}",
         f"  ran {r['duration_s']}s on {r['nodes']} nodes; {r['checks']} invariant rounds; "
-        f"{r['containers_looked_into']} containers looked into",
+        f"{r['containers_looked_into']} containers looked into "
+        f"({len(r['container_looks_failed'])} looks failed and were tried again)",
         f"  faults: {r['faults']} (plugins: {len(r['plugins_killed'])} distinct)",
         f"  self-exits (restarted): {r['self_exits']}",
         f"  operations: {r['operations']} (failed, retried later: {r['operation_failures']})",

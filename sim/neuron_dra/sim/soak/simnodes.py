@@ -145,6 +145,9 @@ class SimNodes:
     def containers_looked_into(self) -> int:
         return 0
 
+    def container_looks_failed(self) -> list[str]:
+        return []
+
     async def stop(self) -> None:
         if self.sim is not None:
             with contextlib.suppress(Exception):
