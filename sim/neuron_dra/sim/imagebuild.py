@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_dra.sim.scratch import work_dir
-
 CACHE_ENV = "NEURON_DRA_IMAGE_CACHE"
 #: The name pods on the test nodes use (no registry answers for it: the archive is imported
 #: into each node's containerd, and the pull policy is IfNotPresent).
@@ -169,7 +167,9 @@ class Buildah:
 
     def __init__(self, cache: Path, log: Path) -> None:
         self.log = log
-        self.runroot = work_dir("buildah", Path(tempfile.gettempdir()))
+        # Named as neuron_dra.sim.scratch.work_dir names its directories (this module imports
+        # only the standard library), so a killed build's runroot is swept like theirs.
+        self.runroot = Path(tempfile.mkdtemp(prefix=f"ndra-buildah-p{os.getpid()}-"))
         self.base = [
             "buildah",
             "--root",
