@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from neuron_dra.common.constants import LABEL_WORKLOAD_ID
 from neuron_dra.sim.simcluster.containers import ContainerDevices
 from neuron_dra.sim.soak import realnodes
 from neuron_dra.sim.soak.children import PLUGIN, start_phases
@@ -22,11 +23,14 @@ from neuron_dra.sim.soak.invariants import (
     container_differences,
     converged_violations,
     expected_container,
+    freed,
+    why_claim_remains,
 )
 from neuron_dra.sim.soak.options import Options
 from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"
+FINALIZER = "resource.kubernetes.io/delete-protection"
 
 
 def _claim(name: str, uid: str, devices: list[tuple[str, str]], **labels: str) -> dict[str, Any]:
@@ -149,6 +153,35 @@ def test_an_allocated_workloads_pods_must_run_once_settled() -> None:
     assert {k for k, _ in converged_violations(snap, {})} == {"workload-pod-not-running"}
     pod["status"]["phase"] = "Running"
     assert converged_violations(snap, {}) == []
+
+
+def test_a_claim_left_behind_is_reported_with_what_holds_it() -> None:
+    """A claim that outlives its workload is reported with its deletion, finalizers, nodes,
+    consumers (a pod stuck Terminating, a pod gone) and the nodes that still hold it
+    prepared: what tells a kubelet that never unprepared from a controller that never
+    released."""
+    claim = _claim("w-3-neuron-x", "u1", [("n2", "neurondevice0")], **{LABEL_WORKLOAD_ID: "w1"})
+    claim["metadata"] |= {"deletionTimestamp": "t", "finalizers": [FINALIZER]}
+    claim["metadata"]["resourceVersion"] = "812"
+    claim["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "w-3", "uid": "p3"},
+        {"resource": "pods", "name": "w-9", "uid": "p9"},
+    ]
+    pod = {
+        "metadata": {"name": "w-3", "uid": "p3", "deletionTimestamp": "t"},
+        "spec": {"nodeName": "n2"},
+        "status": {"phase": "Running"},
+    }
+    snap = _snapshot(
+        claims=[claim], pods=[pod], files={"n2": ({"u1": {}}, set()), "n3": ({}, set())}
+    )
+    why = why_claim_remains(snap, claim)
+    assert why == (
+        f"w-3-neuron-x: deleting, finalizers ['{FINALIZER}'], allocated on ['n2'], reserved for "
+        "['w-3 (Running on n2 deleting)', 'w-9 (gone)'], prepared on ['n2'], resourceVersion 812"
+    )
+    assert freed(snap, "w1", "w") == f"claims remain: {why}"
+    assert freed(_snapshot(), "w1", "w") is None
 
 
 def test_the_fault_schedule_replays_from_the_seed(tmp_path: Path) -> None:

@@ -134,11 +134,44 @@ def freed(snap: JsonDict, wid: str, name: str) -> str | None:
         return "allocation entries remain"
     if any(t == wid for _, t in slice_tags(snap["slices"])):
         return "slices still tagged"
-    if any(
-        (c["metadata"].get("labels") or {}).get(LABEL_WORKLOAD_ID) == wid for c in snap["claims"]
-    ):
-        return "claims remain"
+    left = [
+        c
+        for c in snap["claims"]
+        if (c["metadata"].get("labels") or {}).get(LABEL_WORKLOAD_ID) == wid
+    ]
+    if left:
+        return "claims remain: " + "; ".join(why_claim_remains(snap, c) for c in left)
     return None
+
+
+def why_claim_remains(snap: JsonDict, claim: JsonDict) -> str:
+    """What holds ``claim`` in the API: whether it is being deleted, its finalizers, its
+    allocation's nodes, and each consumer in ``reservedFor`` with its pod's phase, node and
+    deletion (a pod gone from the API is named so), and the nodes whose checkpoint still
+    holds it prepared. What a claim left after cleanup is reported with."""
+    meta, status = claim["metadata"], claim.get("status") or {}
+    nodes = sorted({pool for pool, _device in allocated_devices(claim)})
+    pods = {p["metadata"]["uid"]: p for p in snap["pods"]}
+    consumers = []
+    for ref in status.get("reservedFor") or []:
+        pod = pods.get(ref.get("uid"))
+        if pod is None:
+            consumers.append(f"{ref.get('name')} (gone)")
+            continue
+        deleting = " deleting" if pod["metadata"].get("deletionTimestamp") else ""
+        consumers.append(
+            f"{ref.get('name')} ({(pod.get('status') or {}).get('phase')} on "
+            f"{pod['spec'].get('nodeName') or 'no node'}{deleting})"
+        )
+    prepared = sorted(
+        node for node, (checkpoint, _cdi) in snap["files"].items() if meta["uid"] in checkpoint
+    )
+    return (
+        f"{meta['name']}: {'deleting' if meta.get('deletionTimestamp') else 'not deleted'}, "
+        f"finalizers {meta.get('finalizers') or []}, allocated on {nodes or '-'}, "
+        f"reserved for {consumers or '-'}, prepared on {prepared or '-'}, "
+        f"resourceVersion {meta.get('resourceVersion')}"
+    )
 
 
 def converged_violations(

@@ -19,7 +19,7 @@ from neuron_dra.common.k8s.client import (
 )
 from neuron_dra.nodeplugin.prepare.cdi import list_cdi_specs
 from neuron_dra.sim.soak.churn import delete_claim, delete_workload
-from neuron_dra.sim.soak.invariants import always_violations, freed
+from neuron_dra.sim.soak.invariants import always_violations, freed, why_claim_remains
 from neuron_dra.sim.soak.options import NS, JsonDict
 
 if TYPE_CHECKING:
@@ -217,6 +217,6 @@ async def cleanup(soak: Soak) -> None:
     except TimeoutError:
         snap = await snapshot(soak)
         check_frees(soak, snap, final=True)
-        left = [c["metadata"]["name"] for c in snap["claims"]]
-        if left:
+        if snap["claims"]:
+            left = "; ".join(why_claim_remains(snap, c) for c in snap["claims"])
             soak.violate("not-freed", f"claims left after cleanup: {left}")
