@@ -1,11 +1,15 @@
 """Smoke of the controller benchmarks: ``hack/bench/controller-scale`` on a small fleet on the
 real 1.34 control plane, and ``hack/bench/controller`` on the fake API server. Not timed
 tests: they check that each harness runs to the end and prints a full, sane table, not how
-fast anything is. Off CI the real one skips when the components are not built; with CI=true
-it fails."""
+fast anything is (how fast, and the targets, are the benchmarks': the scripts print the
+figures, docs/performance.md records them). The API writes that the controller's design
+fixes for this scenario (none on a restart, one workload status write per allocation) are
+checked exactly: they do not depend on the machine's speed. Off CI the real one skips when
+the components are not built; with CI=true it fails."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -43,11 +47,13 @@ def test_controller_scale_runs_on_the_real_apiserver() -> None:
     (writes,) = _cells(out, "restart: API writes")
     (per_alloc,) = _cells(out, "API writes per allocation")
     (rss,) = _cells(out, "controller RSS after sync")
-    assert 0 < float(exist) < 120
+    assert 0 < float(exist) < math.inf  # measured: positive and finite
     assert writes == "0"  # a restart on an unchanged fleet writes nothing
     assert float(per_alloc) >= 4.0  # finalizer, template, NUS status, workload status
     assert 30 < float(rss) < 2000
-    assert re.search(r"'update neuronultraserverworkloads/status': 1\.0", out), out
+    # A workload with room goes to Allocated in one status write (no node plugins tag the
+    # nodes here, so Ready never flips and nothing writes it again).
+    assert re.search(r"'update neuronultraserverworkloads/status': 1\.0[,}]", out), out
 
 
 def test_controller_bench_runs_on_the_fake_apiserver() -> None:

@@ -3,7 +3,8 @@
 has a choice; the benchmark's default is 4 x 4 on 6), and the table's arithmetic on made-up
 figures. Not a timed test: it
 checks that the harness runs, that the phases happen in causal order and the ranks are right
-(the harness raises otherwise), not how fast.
+(the harness raises otherwise), not how fast. How fast, and the target, are the benchmark's:
+``hack/bench/gang-start`` prints the figures, docs/performance.md records them.
 
 Off CI it skips when the Kubernetes components are not built (``hack/k8s/build --version
 1.34``); with CI=true it fails.
@@ -11,6 +12,7 @@ Off CI it skips when the Kubernetes components are not built (``hack/k8s/build -
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -95,8 +97,10 @@ def test_gang_start_smoke() -> None:
         # allocation before the kubelets prepare.
         t = r.phases
         assert t["applied"] > 0 and t["allocated"] > 0 and t["tagged"] > 0
-        assert 0 < t["template"] <= t["created"] <= t["claims"] <= t["prepared"] < 60
-        assert len(r.ultraservers) == 2 and 0 < r.release < 60
+        assert 0 < t["template"] <= t["created"] <= t["claims"] <= t["prepared"]
+        # Sane figures (measured: finite), whatever the machine's speed.
+        assert all(math.isfinite(s) for s in t.values()), t
+        assert len(r.ultraservers) == 2 and 0 < r.release < math.inf
         # The trace: both components scraped, every pod's way read from the audit log.
         assert r.metrics is not None and set(r.metrics) == {
             "kube-scheduler",

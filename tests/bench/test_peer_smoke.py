@@ -1,8 +1,9 @@
 """Smoke of the side-by-side benchmark (hack/bench/peer): a few cycles of both drivers on
 the real 1.34 control plane, a few rounds of the floor plugin and the peer behind real
 kubelets (``--kubelets real --ours floor``), and the table's arithmetic on made-up figures.
-Not a timed test: it checks that the harness runs and its numbers are sane, not how fast
-anything is.
+Not a timed test: it checks that the harness runs and its numbers are sane (present, finite,
+positive, ordered), not how fast anything is. How fast, and the targets, are the benchmark's:
+``hack/bench/peer`` prints the figures, docs/performance.md records them.
 
 Off CI it skips when the Kubernetes components or the Go peer are not built
 (``hack/k8s/build --version 1.34``, ``hack/bench/build-peer``), or real nodes cannot run
@@ -106,15 +107,17 @@ def test_peer_bench_smoke() -> None:
         assert len(f.prepare_1) == len(f.unprepare_1) == cycles
         assert len(f.prepare_16) == len(f.unprepare_16) == 3
         assert len(f.start_to_published) == 1
-        assert 0 < f.start_to_published[0] < 60
+        assert 0 < f.start_to_published[0] < math.inf  # measured: positive and finite
         for calls in (f.prepare_1, f.unprepare_1, f.prepare_16, f.empty_call):
             lat = Latency.of(calls)
-            assert 0 < lat.p50 <= lat.p99 < 10, (f.label, lat)
+            assert 0 < lat.p50 <= lat.p99 < math.inf, (f.label, lat)
         assert 1024 < f.rss_rest_kib < 1024 * 1024  # between 1 MiB and 1 GiB
         assert len(f.rss_samples_kib) == 10
         assert f.cpu_per_1000 > 0
     for f in (result.ours, result.peer):  # from each driver's own metrics
         assert f.own_prepare_mean is not None
+        # Not a speed bound: the driver's own time of each measured Prepare lies inside the
+        # harness's time of the same call, so their mean is below the longest of the latter.
         assert 0 < f.own_prepare_mean < max(f.prepare_1), f.label
     assert result.kubernetes.startswith("v1.34.")
     assert len(result.claim_get) == 10
@@ -136,7 +139,7 @@ def test_real_kubelets_floor_smoke() -> None:
     for v in (result.ours, result.peer):
         assert v.skipped == 0, v.label
         assert len(v.prepare) == len(v.unprepare) == rounds, v.label
-        assert all(0 < s < 10 for s in v.prepare + v.unprepare), v
+        assert all(0 < s < math.inf for s in v.prepare + v.unprepare), v
     assert result.ours.own_prepare_mean is None  # the floor serves no metrics
     assert len(result.to_running) == rounds
     report = real_report(result, ["--kubelets", "real", "--ours", "floor"])

@@ -267,13 +267,19 @@ async def test_removing_last_finalizer_answers_with_the_updated_object(
     rv = current.metadata.resource_version
     current.metadata.finalizers = []
     async with watch.Watch() as w:
+        # Read until the DELETED event: everything sent before it is in the list. The
+        # stream's timeout only guards against a stuck server.
         stream = w.stream(v1.list_namespaced_config_map, "default", resource_version=rv,
-                          timeout_seconds=2)
+                          timeout_seconds=60)
         result = await v1.replace_namespaced_config_map("f", "default", current,
                                                         _request_timeout=T)
         assert not result.metadata.finalizers
         assert result.metadata.name == "f"
-        events = [ev async for ev in stream]
+        events: list[dict[str, Any]] = []
+        async for ev in stream:
+            events.append(ev)
+            if ev["type"] == "DELETED":
+                break
     assert [e["type"] for e in events] == ["DELETED"]
     gone = events[0]["raw_object"]
     assert gone["metadata"]["finalizers"] == ["x.io/hold"]
@@ -418,10 +424,17 @@ async def test_watch_from_a_future_resource_version_skips_older_events(
     ahead = fake_apiserver.store.rv + 2
 
     async def collect() -> list[str]:
+        # Read until the last create's event arrives: everything the server sent before it
+        # is in the list. The stream's timeout only guards against a stuck server.
+        names: list[str] = []
         async with watch.Watch() as w:
             stream = w.stream(v1.list_namespaced_config_map, "default",
-                              resource_version=str(ahead), timeout_seconds=1)
-            return [ev["object"].metadata.name async for ev in stream]
+                              resource_version=str(ahead), timeout_seconds=60)
+            async for ev in stream:
+                names.append(ev["object"].metadata.name)
+                if names[-1] == "three":
+                    break
+        return names
 
     task = asyncio.ensure_future(collect())
 

@@ -130,6 +130,9 @@ class FaultInjector:
         self._on_drop = on_drop_watches
         self._on_compact = on_compact
         self.injected = 0  # how many requests were failed on purpose
+        # (verb, path, seconds) of every request held back by injected latency, so a test
+        # can check which requests the latency hit without timing the machine.
+        self.delayed: list[tuple[str, str, float]] = []
 
     def fail_next(
         self,
@@ -193,7 +196,12 @@ class FaultInjector:
 
     # -- used by the server
     def latency_for(self, req: RequestInfo) -> float:
-        return max(self._latency.get(req.verb, 0.0), self._latency.get(None, 0.0))
+        """How long to hold ``req`` back; the server calls this once per request and sleeps
+        that long, so a positive answer is recorded in ``delayed``."""
+        delay = max(self._latency.get(req.verb, 0.0), self._latency.get(None, 0.0))
+        if delay > 0:
+            self.delayed.append((req.verb, req.path, delay))
+        return delay
 
     def take(self, req: RequestInfo) -> FailRule | None:
         """The first rule matching ``req``, consuming one of its remaining failures."""
