@@ -368,20 +368,19 @@ async def test_budget_expiry_answers_ok_with_timeout_errors(
     # Stand-in for the kubelet's 45 s deadline vs our 40 s budget, scaled down.
     kubelet = wire.WireKubelet(call_timeout=3.0)
     async with make_server(dirs, backend, budget=0.2) as srv:
-        start = time.monotonic()
+        # Per-claim timeouts in the answer mean the plugin answered before the kubelet's own
+        # deadline (which would fail the whole call instead).
         if op == "prepare":
             got = await kubelet.prepare(srv.dra_socket, version, [A, B])
             errors = {uid: r.error for uid, r in got.items()}
             assert all(r.devices == [] for r in got.values())
         else:
             errors = await kubelet.unprepare(srv.dra_socket, version, [A, B])
-        elapsed = time.monotonic() - start
         verb = "preparing" if op == "prepare" else "unpreparing"
         assert errors == {
             "uid-a": f"timed out after 0.2s {verb} claim team-a/claim-a; the kubelet will retry",
             "uid-b": f"timed out after 0.2s {verb} claim team-b/claim-b; the kubelet will retry",
         }
-        assert elapsed < kubelet.call_timeout
         # Like a Go context deadline, the backend's work is cancelled.
         await asyncio.wait_for(backend.cancelled.wait(), STEP)
 

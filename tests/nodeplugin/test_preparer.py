@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1174,9 +1173,9 @@ async def test_lock_busy_past_the_timeout_gives_per_claim_retryable_errors(env: 
     fresh = env.preparer(limits=limits)  # must recover first: waits in start()
     async with lock_held_elsewhere(lock_file(env)) as release:
         for p in (started, fresh):
-            t0 = time.monotonic()
+            # Answered well inside the 30 s budget (the lock's 0.3 s, not the budget, ends
+            # the wait): the bound here is a third of it, a stuck-guard, not a speed check.
             results = await asyncio.wait_for(p.prepare(refs), 10)
-            assert time.monotonic() - t0 < 5
             for ref in refs:
                 error = results[ref.uid].error
                 assert "serialize.lock" in error and "try again" in error, error
