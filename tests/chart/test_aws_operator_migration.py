@@ -310,7 +310,16 @@ async def test_a_cluster_of_aws_operator_moves_to_neuron_dra(
         # MigrateAffected is ReplaceAffected: a failed node's unit moves, nothing else does.
         first = await sim.wait_until(lambda: allocated(name), f"{name} allocated")
         assert first["allocatedAt"] == first["allocationTime"]
-        ((us_before, entry),) = entries(name)
+        # The UltraServers' watch is not ordered with the workloads': wait for the entry of
+        # this allocation there too.
+        ((us_before, entry),) = await sim.wait_until(
+            lambda: (
+                (now := entries(name))
+                and all(e.get("workloadId") == first["workloadId"] for _, e in now)
+                and now
+            ),
+            f"{name}'s entry on an UltraServer",
+        )
         failed = entry["allocatedNodes"][1]
         await sim.fail_node(failed)
 

@@ -86,7 +86,12 @@ async def test_seed_workload_and_deployment_get_ranked_pods_on_the_allocated_nod
     # Deleting the workload while its pods run: template, claims and tags go, nodes free.
     await sim.delete(c.CRD_API_VERSION, c.KIND_WORKLOAD, NAME, NS)
     await sim.wait_until(lambda: sim.workload(NAME) is None, "workload gone")
-    assert sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS) is None
+    # The controller deletes the template before it drops the workload's finalizer, but the
+    # templates' watch is not ordered with the workloads': wait for the template's deletion.
+    await sim.wait_until(
+        lambda: sim.view.get("resource.k8s.io/v1", "ResourceClaimTemplate", RCT, NS) is None,
+        "the workload's template gone",
+    )
     await sim.wait_until(lambda: not walk.tagged_nodes(wid), "tags cleared")
     await sim.wait_until(
         lambda: all(u["status"]["state"] == "Available" for u in sim.ultraservers()),

@@ -69,13 +69,17 @@ def pool_generation(sim: SimCluster, node_name: str) -> int:
     return int(sl["spec"]["pool"]["generation"])
 
 
-def device_template(name: str, device_id: int, *, tolerate: str | None = None) -> dict[str, Any]:
-    """A template for one device by its id (and the node's pod selector picks the node)."""
+def device_template(
+    name: str, device_id: int, *, tolerate: str | None = None, unhealthy: bool = False
+) -> dict[str, Any]:
+    """A template for one device by its id (and the node's pod selector picks the node), with
+    ``unhealthy`` only while its slice says ``healthy: false``."""
+    expression = f"device.attributes['neuron.aws.com'].deviceId == {device_id}"
+    if unhealthy:
+        expression += " && device.attributes['neuron.aws.com'].healthy == false"
     exactly: dict[str, Any] = {
         "deviceClassName": "neuron.aws.com",
-        "selectors": [
-            {"cel": {"expression": f"device.attributes['neuron.aws.com'].deviceId == {device_id}"}}
-        ],
+        "selectors": [{"cel": {"expression": expression}}],
     }
     if tolerate:
         exactly["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
@@ -173,6 +177,7 @@ async def _kept_off_unless_tolerated(sim: SimCluster, device: str) -> None:
     )
     assert taint["key"] == TAINT_KEY_UNHEALTHY_COMPONENT and taint["value"] == "hbm"
     assert taint["effect"] == "NoSchedule" and taint["timeAdded"]
+    await _scheduler_has_the_unhealthy_slice(sim, "kn-1", 5)
     # The real scheduler keeps a claim that does not tolerate it off the device (without the
     # taint it would be Running in a second) ...
     await sim.apply(device_template("dev5", 5))
@@ -184,6 +189,45 @@ async def _kept_off_unless_tolerated(sim: SimCluster, device: str) -> None:
     await sim.wait_until(lambda: sim.running(["tolerant"]), "tolerant Running")
     assert unschedulable(sim, "wants-5")
     await sim.delete("v1", "Pod", "tolerant", NS)
+
+
+async def _scheduler_has_the_unhealthy_slice(
+    sim: SimCluster, node_name: str, device_id: int
+) -> None:
+    """Wait until kube-scheduler has the slice that marks the device unhealthy, the write that
+    carries its taint: our mirror having it says nothing of the scheduler's own informer, and a
+    pod the scheduler places before it has the slice gets the device. A claim that tolerates
+    the taint and wants the device only while it is ``healthy: false`` can be allocated from
+    that slice alone. Its pod and claim are deleted then; a claim created after that reaches
+    the scheduler's watch of claims after the deletion (one kind, in order): the device is
+    free for it."""
+    name = f"sees-{device_id}"
+    template = device_template(
+        f"dev{device_id}-unhealthy", device_id, tolerate=TAINT_KEY_UNHEALTHY_COMPONENT,
+        unhealthy=True,
+    )  # fmt: skip
+    await sim.apply(template)
+    await sim.apply(quick_pod(name, node_name, template["metadata"]["name"]))
+    await sim.wait_until(
+        lambda: (sim.pod(name) or {}).get("spec", {}).get("nodeName") == node_name,
+        f"{name} placed by the scheduler from the slice with healthy=false",
+    )
+
+    def its_claims() -> list[dict[str, Any]]:
+        return [
+            x
+            for x in sim.claims(NS)
+            if any(o.get("kind") == "Pod" and o.get("name") == name
+                   for o in x["metadata"].get("ownerReferences") or [])
+        ]  # fmt: skip
+
+    await sim.delete("v1", "Pod", name, NS)
+    await sim.wait_until(
+        lambda: sim.pod(name) is None and not its_claims(), f"{name} and its claim gone"
+    )
+    await sim.delete(
+        "resource.k8s.io/v1", "ResourceClaimTemplate", template["metadata"]["name"], NS
+    )
 
 
 def example_rules(pool: str) -> dict[str, dict[str, Any]]:
