@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -520,36 +520,39 @@ def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -
                 f"{err}; failures {load.failures[:3]}; "
                 + installed.kubectl("describe", "pods", "-l", "load=yes", check=False)[-3000:]
             ) from err
+
+        def through(change: str, make: Callable[[], object], image: str) -> tuple[float, float]:
+            """When ``change`` began and when it had rolled out, once a load pod started
+            after it is Running too."""
+            began = time.monotonic()
+            make()
+            wait_for(f"the {change} rolled out", lambda: rolled_out(installed, image), STUCK)
+            done = time.monotonic()
+            wait_for(
+                f"a load pod started after the {change} Running",
+                lambda: load.ran_since(done) or load.failures,
+                STUCK,
+            )
+            return began, done
+
         # Every node's new plugin pod at once beside its old one (the default surges one node
         # at a time: the same per node, slower here).
-        upgrading = time.monotonic()
-        installed.chart.upgrade(
-            Overrides.of(f"image.tag={tag}", "kubeletPlugin.updateStrategy.maxSurge=100%"),
-            "--reuse-values",
+        upgrade = through(
+            "upgrade",
+            lambda: installed.chart.upgrade(
+                Overrides.of(f"image.tag={tag}", "kubeletPlugin.updateStrategy.maxSurge=100%"),
+                "--reuse-values",
+            ),
+            new,
         )
-        wait_for("the upgrade rolled out", lambda: rolled_out(installed, new), limit=STUCK)
-        upgraded = time.monotonic()
-        wait_for(
-            "a load pod started after the upgrade Running",
-            lambda: load.ran_since(upgraded) or load.failures,
-            limit=STUCK,
-        )
-        rolling_back = time.monotonic()
-        installed.chart.rollback(1)
-        wait_for("the rollback rolled out", lambda: rolled_out(installed, old), limit=STUCK)
-        rolled_back = time.monotonic()
-        wait_for(
-            "a load pod started after the rollback Running",
-            lambda: load.ran_since(rolled_back) or load.failures,
-            limit=STUCK,
-        )
+        rollback = through("rollback", lambda: installed.chart.rollback(1), old)
     # The load ran through both changes: a pod was on its way to Running while each rolled
     # out (its claim prepared by an old, a new or both plugin instances), however long that
     # took, and none failed.
     assert not load.failures, load.failures
     times = [(p.name, p.created, p.running) for p in load.pods]
-    assert load.in_flight(upgrading, upgraded), ("no load pod during the upgrade", times)
-    assert load.in_flight(rolling_back, rolled_back), ("no load pod during the rollback", times)
+    assert load.in_flight(*upgrade), ("no load pod during the upgrade", times)
+    assert load.in_flight(*rollback), ("no load pod during the rollback", times)
     assert not failed_prepares(installed)
     assert installed.lease_holder() != leader, "the leader handed over to a new pod"
     after = installed.workload("kept")
