@@ -10,14 +10,13 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from neuron_dra.nodeplugin.kubeletapi import ClaimRef, PreparedDevice
+from neuron_dra.sim import scratch
 from neuron_dra.sim.fakeapi.server import FakeAPIServer
 from neuron_dra.sim.kubeletclient import KubeletClient
 from neuron_dra.sim.peerbench import floorplugin as fp
@@ -93,9 +92,8 @@ def test_ours_floor_needs_real_kubelets(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.fixture
 def root() -> Iterator[Path]:
     # Unix socket paths must stay under 107 bytes: pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="ndra-floor-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with scratch.temporary("floor", Path("/tmp")) as path:
+        yield path
 
 
 @contextlib.asynccontextmanager

@@ -13,11 +13,10 @@ Off CI it skips when the Kubernetes components are not built (``hack/k8s/build -
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
+from neuron_dra.sim import scratch
 from neuron_dra.sim.gangbench.__main__ import report
 from neuron_dra.sim.gangbench.harness import (
     PHASES,
@@ -71,24 +70,21 @@ def test_gang_start_smoke() -> None:
     # Small (2 x 4 on 3 UltraServers, one run): CI runs it; the recorded run is 4 x 4. With
     # --trace, so the audit log and the components' /metrics are read as the real ones are.
     # A short path: the plugins' sockets live under it (107-byte limit).
-    root = Path(tempfile.mkdtemp(prefix="ndra-gt-", dir="/tmp"))
-    workdir = root / "g"
-    opts = Options(
-        runs=1,
-        ultraservers=3,
-        server_count=2,
-        minor=MINOR,
-        limit=60.0,
-        progress=False,
-        trace=True,
-        settle=0.0,
-        workdir=workdir,
-    )
-    try:
+    with scratch.temporary("gt", Path("/tmp")) as root:
+        workdir = root / "g"
+        opts = Options(
+            runs=1,
+            ultraservers=3,
+            server_count=2,
+            minor=MINOR,
+            limit=60.0,
+            progress=False,
+            trace=True,
+            settle=0.0,
+            workdir=workdir,
+        )
         result = run(opts)
         trace = (workdir / "trace.txt").read_text()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     assert result.kubernetes.startswith("v1.34.") and result.nodes == 12
     assert len(result.runs) == 1
     for r in result.runs:

@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import random
-import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +39,7 @@ from neuron_dra.common.constants import (
     device_group_attribute,
 )
 from neuron_dra.common.deviceclasses import default_classes_by_name
+from neuron_dra.sim import scratch
 from neuron_dra.sim.allocation import (
     AllocationFailure,
     DeviceKey,
@@ -93,9 +93,10 @@ class NodeSpec:
         return f"{self.name} {self.instance_type} ({', '.join(extra)})"
 
 
-def _scratch_dir() -> str | None:
+def _scratch_dir() -> Path | None:
     """Emulated trees are ~460 small files a node: on tmpfs they take a tenth of the time."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 @functools.cache
@@ -110,9 +111,9 @@ def _inventory(
     between nodes of one shape, and the slice builder takes it from the inventory)."""
     from neuron_dra.nodeplugin.discovery.emulation import scan_emulated, write_emulated_tree
 
-    with tempfile.TemporaryDirectory(prefix="ndra-dft-", dir=_scratch_dir()) as tmp:
+    with scratch.temporary("dft", _scratch_dir()) as tmp:
         paths = write_emulated_tree(
-            Path(tmp) / "node",
+            tmp / "node",
             instance_type,
             node_name="template",
             ultraserver_id=ultraserver_id,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from neuron_dra.common.ultraserver import UltraServerPeers
 from neuron_dra.nodeplugin.prepare import metadata as md
+from neuron_dra.sim import scratch
 from test_metadata import TRN2, TRN2U, UID, documents, one_request, plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,8 +73,7 @@ def decoder(minor: str) -> Path:
     binary = cache_dir / f"metadata-decoder-{minor}-{key}"
     if binary.exists():
         return binary
-    with tempfile.TemporaryDirectory(prefix="ndra-metadata-decoder-") as work:
-        module = Path(work)
+    with scratch.temporary("metadata-decoder", Path(tempfile.gettempdir())) as module:
         # The pin's module without its tool directives (the Kubernetes binaries).
         text = re.sub(r"^tool \($.*?^\)$", "", go_mod, flags=re.MULTILINE | re.DOTALL)
         text = re.sub(r"^module .*$", "module mdcheck", text, count=1, flags=re.MULTILINE)

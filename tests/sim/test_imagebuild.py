@@ -3,10 +3,11 @@ changes (its cache key), and the archive is named after it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from neuron_dra.sim import imagebuild
+from neuron_dra.sim import imagebuild, scratch
 
 
 def tree(tmp: Path) -> Path:
@@ -48,3 +49,15 @@ def test_the_key_follows_the_base_recipe(tmp_path: Path, monkeypatch: pytest.Mon
     after = imagebuild.plan(root)
     assert after.base_hash != before.base_hash
     assert after.context_hash != before.context_hash
+
+
+def test_a_builds_runroot_is_named_as_the_sweep_expects(tmp_path: Path) -> None:
+    # imagebuild writes the work directory's name by hand (it imports only the standard
+    # library): a killed build's runroot must still be one the next run sweeps.
+    buildah = imagebuild.Buildah(tmp_path / "cache", tmp_path / "log")
+    try:
+        assert buildah.runroot.is_dir()
+        assert scratch.maker(buildah.runroot) == os.getpid(), buildah.runroot.name
+    finally:
+        buildah.close()
+    assert not buildah.runroot.exists()

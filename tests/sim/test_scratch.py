@@ -110,5 +110,16 @@ def test_a_killed_runs_directories_are_swept_and_nothing_else(tmp_path: Path) ->
     assert "a post-mortem" in (linked / scratch.KEPT).read_text()
 
 
+def test_a_temporary_work_directory_is_removed_however_its_block_ends(tmp_path: Path) -> None:
+    with scratch.temporary("dft", tmp_path) as made:
+        assert scratch.maker(made) == os.getpid()
+        (made / "file").write_text("x")
+    assert not made.exists()
+    with pytest.raises(RuntimeError), scratch.temporary("dft", tmp_path) as failed:
+        raise RuntimeError("the block failed")
+    assert not failed.exists()
+    assert scratch.maker(tmp_path / "ndra-old-style") is None
+
+
 def test_a_missing_root_is_no_error(tmp_path: Path) -> None:
     assert scratch.sweep_orphaned([tmp_path / "gone"]) == []

@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ENV = "NEURON_DRA_SCRATCH"
@@ -84,6 +84,24 @@ def work_dir(kind: str, root: Path | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"ndra-{kind}-p{os.getpid()}-", dir=root or scratch_root()))
 
 
+@contextlib.contextmanager
+def temporary(kind: str, root: Path | None = None) -> Iterator[Path]:
+    """A :func:`work_dir` removed when the block ends (what a killed run leaves of it is
+    swept like any other work directory)."""
+    directory = work_dir(kind, root)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def maker(directory: Path) -> int | None:
+    """The pid a work directory is named after, or None if its name is not a work
+    directory's (not ours to judge)."""
+    match = _OWNED.match(directory.name)
+    return int(match.group(1)) if match else None
+
+
 def keep(directory: Path, why: str) -> None:
     """Mark ``directory`` as kept on purpose: :func:`sweep_orphaned` leaves it alone, and the
     work directories it links to (a soak's short nodes directory, a control plane's files
@@ -92,7 +110,7 @@ def keep(directory: Path, why: str) -> None:
         (directory / KEPT).write_text(why + "\n")
         for entry in directory.iterdir():
             target = entry.resolve() if entry.is_symlink() else None
-            if target is not None and _OWNED.match(target.name) and target.is_dir():
+            if target is not None and maker(target) is not None and target.is_dir():
                 (target / KEPT).write_text(f"{why} (linked from {entry})\n")
 
 
@@ -112,10 +130,10 @@ def orphaned(roots: Iterable[Path] = SWEPT) -> list[Path]:
     for root in roots:
         with contextlib.suppress(OSError):
             for entry in root.iterdir():
-                match = _OWNED.match(entry.name)
-                if not match or entry.is_symlink() or not entry.is_dir():
+                pid = maker(entry)
+                if pid is None or entry.is_symlink() or not entry.is_dir():
                     continue
-                if int(match.group(1)) == os.getpid() or _alive(int(match.group(1))):
+                if _alive(pid):  # this process's own included
                     continue
                 if (entry / KEPT).exists():
                     continue
