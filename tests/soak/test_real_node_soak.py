@@ -16,7 +16,7 @@ import pytest
 from neuron_dra.sim.realcluster import APISERVER, CONTROLLER_MANAGER, ETCD, SCHEDULER
 from neuron_dra.sim.realnode.fleet import node_tier_problem
 from neuron_dra.sim.soak.children import PLUGIN
-from neuron_dra.sim.soak.faults import LEADER, STANDBY, Fault
+from neuron_dra.sim.soak.faults import LEADER, STANDBY, Fault, fault_text
 from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.options import Options
 from neuron_dra.sim.soak.realnodes import CONTAINERD_KILL, KUBELET_KILL, REBOOT
@@ -47,11 +47,10 @@ def test_short_soak_on_real_nodes_loses_nothing_under_every_fault(tmp_path: Path
             fault_interval=6.0,
             real_nodes=True,
             until_faults=True,
+            faults=EVERY_KIND_ONCE,
             quiet=True,
         )
     )
-    planned = soak.plan_faults
-    soak.plan_faults = lambda: _every_kind_first(planned())  # type: ignore[method-assign]
     code = asyncio.run(soak.run())
     report = soak.report(True)
     assert code == 0, report["violations"]
@@ -62,15 +61,13 @@ def test_short_soak_on_real_nodes_loses_nothing_under_every_fault(tmp_path: Path
     assert report["containers_looked_into"] > 0, report
 
 
-def _every_kind_first(schedule: list[Fault]) -> list[Fault]:
-    """Every kind once, in a replayable order, whatever the draw gives. The draw's own faults
-    are the longer soak's (``hack/soak``): with the churn now lasting until every planned
-    fault has fired, a tail of drawn faults would only lengthen this one."""
-    del schedule
-    return [
-        Fault(8.0 + 6.0 * i, kind, _TARGETS.get(kind, kind), 1.0)
-        for i, kind in enumerate(EVERY_KIND)
-    ]
+#: Every kind once, in a fixed order (``--fault`` each, so the replay line carries them). The
+#: seed's drawn faults are the longer soak's (``hack/soak``): with the churn lasting until
+#: every planned fault has fired, a tail of drawn faults would only lengthen this one.
+EVERY_KIND_ONCE = tuple(
+    fault_text(Fault(8.0 + 6.0 * i, kind, _TARGETS.get(kind, kind), 1.0))
+    for i, kind in enumerate(EVERY_KIND)
+)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")

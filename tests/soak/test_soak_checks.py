@@ -8,15 +8,24 @@ import asyncio
 import calendar
 import json
 import random
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 from neuron_dra.common.constants import LABEL_WORKLOAD_ID
 from neuron_dra.sim.simcluster.containers import ContainerDevices
+from neuron_dra.sim.soak import __main__ as soak_main
 from neuron_dra.sim.soak import realnodes
 from neuron_dra.sim.soak.children import PLUGIN, start_phases
-from neuron_dra.sim.soak.faults import FAULT_WEIGHTS, LEADER, Fault, not_reached, plan_faults
+from neuron_dra.sim.soak.faults import (
+    FAULT_WEIGHTS,
+    LEADER,
+    Fault,
+    forced_schedule,
+    not_reached,
+    plan_faults,
+)
 from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.invariants import (
     ContainerExpectation,
@@ -224,6 +233,62 @@ def test_the_replay_command_keeps_the_until_faults_mode() -> None:
     assert "--until-faults" not in Options().command()
 
 
+def _replayed(options: Options) -> Options:
+    """The options ``hack/soak`` reads from ``options``'s replay line."""
+    argv = shlex.split(options.command())
+    assert argv[0] == "hack/soak"
+    return soak_main.options_of(soak_main.build_parser().parse_args(argv[1:]))
+
+
+def test_the_replay_command_gives_back_the_runs_options_forced_faults_included() -> None:
+    forced = Options(
+        minutes=1.25,
+        seed=13,
+        nodes=4,
+        minor="1.37",
+        fault_interval=6.0,
+        op_interval=0.5,
+        free_bound=90.0,
+        real_nodes=True,
+        until_faults=True,
+        churn_limit=600,
+        faults=(f"8:{LEADER}:{LEADER}:1", "14.5:kubelet:trn2u-0-n1:0"),
+    )
+    assert _replayed(forced) == forced
+    assert _replayed(Options()) == Options()
+
+
+def test_forced_faults_replace_the_draw_and_wrong_ones_say_what_to_change(tmp_path: Path) -> None:
+    options = Options(nodes=4, workdir=tmp_path, faults=(f"5:{PLUGIN}:trn2u-0-n2:1",))
+    assert Soak(options).plan_faults() == [Fault(5.0, PLUGIN, "trn2u-0-n2", 1.0)]
+    nodes = ["trn2u-0-n0", "trn2u-0-n1"]
+    wrong = {
+        "5:plugin:trn2u-0-n0": "write AT:KIND:TARGET:DOWNTIME, e.g. 8:plugin:trn2u-0-n0:1",
+        "5:gpu:trn2u-0-n0:1": "the kind is one of controller-leader, controller-standby, etcd, ",
+        "5:plugin:etcd:1": "the target of plugin is a node, one of trn2u-0-n0, trn2u-0-n1",
+        "5:etcd:trn2u-0-n0:1": "the target of etcd is etcd itself",
+        "soon:etcd:etcd:1": "AT and DOWNTIME are seconds",
+        "5:etcd:etcd:-1": "AT and DOWNTIME are seconds, 0 or more",
+        "5:kubelet:trn2u-0-n0:1": "the kind is one of",  # a real node's fault, simulated nodes
+    }
+    for text, why in wrong.items():
+        with pytest.raises(ValueError, match=why):
+            forced_schedule([text], nodes, {})
+    assert forced_schedule(["5:kubelet:trn2u-0-n0:1"], nodes, realnodes.FAULT_WEIGHTS) == [
+        Fault(5.0, "kubelet", "trn2u-0-n0", 1.0)
+    ]
+
+
+def test_hack_soak_refuses_a_wrong_fault_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        soak_main.main(["--nodes", "4", "--fault", "5:plugin:nowhere:1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "the target of plugin is a node, one of trn2u-0-n0" in err and "Traceback" not in err
+
+
 def test_the_kubelets_prepared_claims_are_read_from_its_checkpoint() -> None:
     data = {
         "kind": "DRACheckpoint",
@@ -314,13 +379,10 @@ def test_short_soak_on_simulated_nodes(tmp_path: Path) -> None:
             workdir=tmp_path / "soak",
             fault_interval=1000.0,
             until_faults=True,
+            faults=(f"5:{PLUGIN}:trn2u-0-n2:1", f"10:{LEADER}:{LEADER}:0.5"),
             quiet=True,
         )
     )
-    soak.plan_faults = lambda: [  # type: ignore[method-assign]
-        Fault(5.0, PLUGIN, "trn2u-0-n2", 1.0),
-        Fault(10.0, LEADER, LEADER, 0.5),
-    ]
     code = asyncio.run(soak.run())
     report = soak.report(True)
     assert code == 0, report["violations"]

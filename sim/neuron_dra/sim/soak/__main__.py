@@ -15,7 +15,7 @@ from neuron_dra.sim.soak.harness import Soak
 from neuron_dra.sim.soak.options import Options
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hack/soak",
         description="Chaos soak: the driver's processes on a real control plane under a churn "
@@ -53,18 +53,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --until-faults: s of churn after which the faults not reached are a "
         "violation (default 900)",
     )
+    p.add_argument(
+        "--fault",
+        dest="faults",
+        action="append",
+        default=[],
+        metavar="AT:KIND:TARGET:DOWNTIME",
+        help="inject this fault instead of the seed's draw (repeat for more): at AT s, kill -9 "
+        "KIND (on node TARGET for a plugin's or a node's, else TARGET is KIND), DOWNTIME s "
+        "before its restart; e.g. 8:plugin:trn2u-0-n2:1",
+    )
     p.add_argument("--workdir", type=Path, help="default: a new /tmp/ndra-soak-* directory")
     p.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     p.add_argument("--quiet", action="store_true", help="print only violations and the summary")
+    return p
+
+
+def options_of(args: argparse.Namespace) -> Options:
+    return options_from(Options, args, faults=tuple(args.faults))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     # A simulated kubelet's failed sync (its plugin is down: the point of the soak) is
     # retried with back-off; its traceback is noise here.
     logging.getLogger("neuron_dra.sim.controlplane").setLevel(logging.CRITICAL)
-    options = options_from(Options, args)
+    options = options_of(args)
+    try:
+        soak = Soak(options)
+    except ValueError as e:
+        p.error(str(e))
     for removed in sweep_orphaned():
         print(f"removed a killed run's work directory: {removed}", flush=True)
-    return asyncio.run(Soak(options).run())
+    return asyncio.run(soak.run())
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,45 @@ def plan_faults(
         on_node = kind == PLUGIN or kind in (node_weights or {})
         target = fault_rng.choice(nodes) if on_node else kind
         out.append(Fault(round(t, 1), kind, target, round(fault_rng.uniform(0, 4), 1)))
+
+
+def forced_schedule(
+    texts: Sequence[str], nodes: Collection[str], node_weights: Mapping[str, int]
+) -> list[Fault]:
+    """The faults ``--fault AT:KIND:TARGET:DOWNTIME`` names, in the order given. A fault on
+    a node (a plugin's, or one of ``node_weights``) targets one of ``nodes``; any other
+    targets its kind (the controller faults pick the replica when they fire). Raises
+    ValueError saying what to change."""
+    kinds = {**FAULT_WEIGHTS, **node_weights}
+    out = []
+    for text in texts:
+        parts = text.split(":")
+        example = f"e.g. 8:{PLUGIN}:{min(nodes, default='NODE')}:1"
+        if len(parts) != 4:
+            raise ValueError(f"fault {text!r}: write AT:KIND:TARGET:DOWNTIME, {example}")
+        at, kind, target, downtime = parts
+        if kind not in kinds:
+            raise ValueError(f"fault {text!r}: the kind is one of {', '.join(sorted(kinds))}")
+        on_node = kind == PLUGIN or kind in node_weights
+        if on_node and target not in nodes:
+            raise ValueError(
+                f"fault {text!r}: the target of {kind} is a node, one of {', '.join(nodes)}"
+            )
+        if not on_node and target != kind:
+            raise ValueError(f"fault {text!r}: the target of {kind} is {kind} itself")
+        try:
+            seconds, down = float(at), float(downtime)
+        except ValueError:
+            raise ValueError(f"fault {text!r}: AT and DOWNTIME are seconds, {example}") from None
+        if not (0 <= seconds < math.inf and 0 <= down < math.inf):
+            raise ValueError(f"fault {text!r}: AT and DOWNTIME are seconds, 0 or more")
+        out.append(Fault(seconds, kind, target, down))
+    return out
+
+
+def fault_text(fault: Fault) -> str:
+    """``fault`` as ``--fault`` takes it (what :func:`forced_schedule` reads back)."""
+    return f"{fault.at:g}:{fault.kind}:{fault.target}:{fault.downtime:g}"
 
 
 def not_reached(schedule: list[Fault], options: Options) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -80,6 +81,12 @@ class Soak:
         if options.nodes % TOPOLOGY_SIZE:
             raise ValueError(f"--nodes must be a multiple of {TOPOLOGY_SIZE}")
         self.nodes: list[SimNode] = ultraservers(options.nodes // TOPOLOGY_SIZE)
+        # Read first, so that a wrong --fault is refused before anything is made.
+        self.forced_faults = faults.forced_schedule(
+            options.faults,
+            [n.name for n in self.nodes],
+            (RealSoakNodes if options.real_nodes else SimNodes).fault_weights,
+        )
         self.workdir = options.workdir or work_dir("soak")
         self.workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a new directory
         self.cp: RealControlPlane | None = None
@@ -308,13 +315,16 @@ class Soak:
     # --- the checks and the record (the tests call these on a Soak) ---------------------
 
     def plan_faults(self) -> list[Fault]:
-        return faults.plan_faults(
+        """The faults ``--fault`` names, else the seed's draw (drawn either way, so that the
+        faults' own random choices, a replica when a controller fault fires, replay too)."""
+        drawn = faults.plan_faults(
             self.fault_rng,
             [n.name for n in self.nodes],
             self.o.minutes,
             self.o.fault_interval,
             self.node_side.fault_weights,
         )
+        return [dataclasses.replace(f) for f in self.forced_faults] if self.o.faults else drawn
 
     def check_always(self, snap: JsonDict) -> list[tuple[str, str]]:
         return invariants.always_violations(snap)

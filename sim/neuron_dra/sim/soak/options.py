@@ -41,6 +41,10 @@ class Options:
     #: With ``until_faults``: the churn's limit, in s from its start; the faults not reached
     #: by then are a violation that names them.
     churn_limit: float = 900.0
+    #: The faults to inject instead of the seed's draw, each ``AT:KIND:TARGET:DOWNTIME``
+    #: (``--fault``; :func:`neuron_dra.sim.soak.faults.forced_schedule` reads them), so that
+    #: a run that chose its faults replays with them.
+    faults: tuple[str, ...] = ()
     #: Real nodes (real kubelets, containerd, containers) instead of simulated kubelets.
     real_nodes: bool = False
     keep: bool = False
@@ -50,7 +54,10 @@ class Options:
         """The command that replays this run (the same seed: the same faults and operations)."""
         real = " --real-nodes" if self.real_nodes else ""
         until = f" --until-faults --churn-limit {self.churn_limit:g}" if self.until_faults else ""
+        forced = "".join(f" --fault {fault}" for fault in self.faults)
         return (
             f"hack/soak --minutes {self.minutes:g} --seed {self.seed} --nodes {self.nodes} "
-            f"--minor {self.minor}{real}{until}"
+            f"--minor {self.minor} --fault-interval {self.fault_interval:g} "
+            f"--op-interval {self.op_interval:g} --free-bound {self.free_bound:g}"
+            f"{real}{until}{forced}"
         )
