@@ -332,9 +332,10 @@ class LoadPod:
     running: float | None = None  # monotonic, once it was seen Running
 
 
-#: How long one load pod may take to run: a bound on a stuck Prepare, not on a slow machine
-#: (each pod's Running is asserted; the test judges the upgrade by its Prepare failures).
-LOAD_POD_LIMIT = "300s"
+#: How long one pod may take to be Running (a scheduling, a Prepare, a container start): a
+#: bound on a stuck Prepare, not on a slow machine (each pod's Running is asserted; the
+#: upgrade is judged by its Prepare failures).
+POD_RUNNING_LIMIT = "300s"
 
 
 class Load:
@@ -380,7 +381,7 @@ class Load:
                 self.installed.apply(load_pod(i))
                 self.installed.kubectl(
                     "wait", "--for=jsonpath={.status.phase}=Running", f"pod/{pod.name}",
-                    f"--timeout={LOAD_POD_LIMIT}",
+                    f"--timeout={POD_RUNNING_LIMIT}",
                 )  # fmt: skip
                 pod.running = time.monotonic()
             except Exception as err:  # every failure is reported
@@ -401,7 +402,10 @@ def test_a_device_taken_again_at_once_is_prepared_without_a_retry(installed: Ins
     for name in names:
         installed.apply(device_pod(name, f"device-{DEVICES - 1}", {"again": "yes"}))
         installed.kubectl(
-            "wait", "--for=jsonpath={.status.phase}=Running", f"pod/{name}", "--timeout=90s"
+            "wait",
+            "--for=jsonpath={.status.phase}=Running",
+            f"pod/{name}",
+            f"--timeout={POD_RUNNING_LIMIT}",
         )
         installed.kubectl("delete", "pod", name, "--wait=false")
     refused = [f for f in failed_prepares(installed) if f.startswith("again-")]
@@ -418,7 +422,10 @@ def test_a_prepared_claim_reports_its_device_status(installed: Installed) -> Non
     installed.apply(device_pod("status-report", f"device-{k}", {"status": "yes"}))
     try:
         installed.kubectl(
-            "wait", "--for=jsonpath={.status.phase}=Running", "pod/status-report", "--timeout=90s"
+            "wait",
+            "--for=jsonpath={.status.phase}=Running",
+            "pod/status-report",
+            f"--timeout={POD_RUNNING_LIMIT}",
         )
         pod = installed.json("get", "pod", "status-report")
         (claim_status,) = pod["status"]["resourceClaimStatuses"]
@@ -512,9 +519,7 @@ def test_upgrade_and_rollback_under_load_fail_no_prepare(installed: Installed) -
     tag = new.rpartition(":")[2]
     with Load(installed) as load:
         try:
-            wait_for(
-                "a load pod Running", lambda: load.ran_since(0) or load.failures, limit=STUCK
-            )
+            wait_for("a load pod Running", lambda: load.ran_since(0) or load.failures, limit=STUCK)
         except AssertionError as err:
             raise AssertionError(
                 f"{err}; failures {load.failures[:3]}; "

@@ -308,7 +308,7 @@ def test_admission_policies_pass_the_apiservers_type_check(world: World) -> None
     cp = world.cp
     selector = f"app.kubernetes.io/instance={RELEASE}"
     cp.kubectl(
-        "wait", "validatingadmissionpolicy", "-l", selector, "--timeout=60s",
+        "wait", "validatingadmissionpolicy", "-l", selector, "--timeout=120s",
         "--for=jsonpath={.status.observedGeneration}=1",
     )  # fmt: skip
     policies = json.loads(

@@ -92,12 +92,12 @@ def test_a_node_that_ran_a_pod_leaves_the_host_as_it_was() -> None:
     manifest = tmp_path / "pod.json"
     manifest.write_text(json.dumps(pod))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a bound on a stuck controller-manager
         while not cp.kubectl("get", "sa", "default", "-o", "name", check=False):
             assert time.monotonic() < deadline, "no default ServiceAccount"
             time.sleep(0.2)  # a fresh control plane's controller-manager makes it soon
         cp.kubectl("apply", "-f", str(manifest))
-        cp.kubectl("wait", "--for=condition=Ready", "pod/host-check", "--timeout=60s")
+        cp.kubectl("wait", "--for=condition=Ready", "pod/host-check", "--timeout=300s")
         pod_ip = cp.kubectl("get", "pod", "host-check", "-o", "jsonpath={.status.podIP}")
         assert pod_ip.startswith("198.18."), pod_ip
         deadline = time.monotonic() + 30

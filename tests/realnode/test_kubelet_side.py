@@ -18,6 +18,7 @@ from neuron_dra.nodeplugin.discovery.emulation import EmulatedPaths, mark_unheal
 from neuron_dra.nodeplugin.prepare.cdi import list_cdi_specs
 from neuron_dra.sim.realnode.node import KUBELET, RealNode
 from neuron_dra.sim.simcluster import SimCluster
+from neuron_dra.sim.simcluster.cluster import RECOVERY_LIMIT
 from neuron_dra.sim.simcluster.realnodes import RealNodes
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -169,7 +170,10 @@ async def test_plugin_killed_while_the_kubelet_prepares_then_the_pod_runs(
     finally:
         nodes(sim).stop_plugin("kn-1", kill=True)  # SIGKILL wakes nothing: it just dies
     nodes(sim).start_plugin("kn-1")
-    await sim.wait_until(lambda: sim.running(["mid"]), "mid Running after the plugin's restart")
+    # The kubelet retries the failed Prepare with its back-off: a recovery, not one status.
+    await sim.wait_until(
+        lambda: sim.running(["mid"]), "mid Running after the plugin's restart", RECOVERY_LIMIT
+    )
     await settled(sim, "kn-1", {claim_uid(sim, "mid")}, "mid's claim prepared, once")
 
 
@@ -219,7 +223,9 @@ async def test_node_reboot_new_boot_id_and_the_pod_is_prepared_again(sim: SimClu
             statuses and statuses[0].get("ready") and container_id(sim, "survivor") != first
         )
 
-    await sim.wait_until(restarted, "survivor's container started again after the reboot")
+    await sim.wait_until(
+        restarted, "survivor's container started again after the reboot", RECOVERY_LIMIT
+    )
     data = checkpoint(sim, "kn-1")
     assert data["bootId"] == kn1.boot_id and set(data["claims"]) == {uid}
     await settled(sim, "kn-1", {uid}, "survivor's claim prepared on the new boot")

@@ -445,7 +445,7 @@ class RealControlPlane:
             if doc
         ]
         self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
+            "wait", "--for=condition=Established", "--timeout=120s",
             *[f"crd/{n}" for n in names],
         )  # fmt: skip
 
