@@ -26,6 +26,7 @@ from neuron_dra.sim.gangbench.harness import (
     report_table,
     run,
 )
+from neuron_dra.sim.simcluster.cluster import PODS_LIMIT
 from neuron_dra.sim.worlds import require_built
 
 MINOR = "1.34"
@@ -77,7 +78,7 @@ def test_gang_start_smoke() -> None:
             ultraservers=3,
             server_count=2,
             minor=MINOR,
-            limit=60.0,
+            limit=PODS_LIMIT,  # a stuck-guard: each phase is still asserted
             progress=False,
             trace=True,
             settle=0.0,

@@ -83,6 +83,10 @@ DEFAULT_LIMIT = 60.0
 #: again): each pod is a scheduling, a Prepare and a container start, and on real nodes a
 #: rebooted node starts its kubelet, containerd and plugin first. A bound for being stuck.
 RECOVERY_LIMIT = 300.0
+#: Bound for a set of pods to be Running (a gang of a workload, a walkthrough step's pods):
+#: on real nodes each is a scheduling, a Prepare and a container start. A bound for being
+#: stuck, as the set's Running is still asserted.
+PODS_LIMIT = 300.0
 #: The controller's component name for ``SimCluster(identities=...)`` (plugins: node names).
 CONTROLLER = "controller"
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")

@@ -16,6 +16,7 @@ from neuron_dra.sim.commands.walkthrough.tables import device_order, render_tabl
 from neuron_dra.sim.controlplane.podsets import PodSet
 from neuron_dra.sim.paths import repo_root
 from neuron_dra.sim.simcluster import SimCluster
+from neuron_dra.sim.simcluster.cluster import PODS_LIMIT
 
 JsonDict = dict[str, Any]
 NS = "default"
@@ -128,7 +129,7 @@ class WalkthroughTools:
 
     async def running(self, names: Sequence[str]) -> list[JsonDict]:
         return await self.sim.wait_until(
-            lambda: self.sim.running(names), f"pods {', '.join(names)} Running"
+            lambda: self.sim.running(names), f"pods {', '.join(names)} Running", PODS_LIMIT
         )
 
     async def running_workload(self, workload: PodSet) -> list[JsonDict]:
@@ -137,6 +138,7 @@ class WalkthroughTools:
         return await self.sim.wait_until(
             lambda: self.sim.running_workload(workload),
             f"{workload.expected} pods of {workload.set_name} Running",
+            PODS_LIMIT,
         )
 
     async def create_pod(self, name: str, template: str, claim: str = "neurons") -> None:
